@@ -1,0 +1,82 @@
+"""The research session flow: six cached phase tasks, in order.
+
+Every run of a session (a fresh `labrun resume`, a Retry pressed in the Prefect UI, a
+deployment re-run) walks the same six tasks; the cache skips finished ones, and a phase
+whose outputs changed on disk runs again, with everything after it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+from prefect.states import State
+
+from labrun.session import Session
+from phases import PHASES
+from phases.phase import manifest_digest, phase_version, run_phase
+
+
+class SessionStopped(Exception):
+    """The session stopped short; the message says why and how to resume."""
+
+
+@flow(name="research-session", log_prints=True, persist_result=False)
+def research_session(
+    idea_path: str | None,
+    workspace: str,
+    agent: str = "scripted",
+    model: str | None = None,
+    budget_usd: float | None = None,
+    max_turns: int | None = None,
+) -> dict[str, Any]:
+    session = Session.open(workspace, idea_path, agent, model, budget_usd, max_turns)
+    try:
+        return run_session(session)
+    finally:
+        session.close()
+
+
+def run_session(session: Session) -> dict[str, Any]:
+    store, ws = session.store, session.ws
+    store.log(f"session run started (agent {session.state.agent})")
+    upstream: list[str] = []
+    refresh = False
+    for phase in PHASES:
+        changed = session.stale_outputs(phase.key)
+        if changed:
+            store.log(f"phase {phase.number} {phase.key}: outputs changed ({', '.join(changed[:5])}); running it again")
+        refresh = refresh or bool(changed)
+        task = run_phase.with_options(result_storage=ws.results, refresh_cache=refresh)
+        state: State = task(
+            session_id=session.state.session_id,
+            workspace=str(ws.root),
+            phase_key=phase.key,
+            number=phase.number,
+            version=phase_version(session, phase.key),
+            upstream="-".join(upstream) or "none",
+            rerun=refresh,
+            return_state=True,
+        )
+        if not state.is_completed():
+            error = _reason(state)
+            store.set_phase(phase.key, "FAILED", f"phase {phase.number} {phase.key} failed: {error}", error)
+            raise SessionStopped(f"phase {phase.key} stopped: {error}")
+        manifest = state.result()
+        cached = state.name == "Cached"
+        if cached:
+            event = f"phase {phase.number} {phase.key} skipped (finished earlier)"
+        else:
+            event = f"phase {phase.number} {phase.key} finished"
+        store.set_phase(phase.key, "DONE", event)
+        upstream.append(manifest_digest(manifest))
+    store.log("session complete")
+    return {"session": session.state.session_id, "complete": True}
+
+
+def _reason(state: State) -> str:
+    try:
+        state.result()
+    except BaseException as e:  # the phase's own exception carries the reason
+        return str(e).splitlines()[0] if str(e) else type(e).__name__
+    return state.message or state.name

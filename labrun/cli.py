@@ -1,0 +1,256 @@
+"""labrun's command line (DESIGN.md, contract).
+
+`status`, `state` and `check` only read, so they never import Prefect; `run`, `resume` and
+`demo` run the session flow in this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+DEMO_IDEA = EXAMPLES / "demo_noise_averaging.yaml"
+
+console = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+class CliError(Exception):
+    """A one-line message for the user; `code` is the exit status."""
+
+    def __init__(self, message: str, code: int = 2):
+        super().__init__(message)
+        self.code = code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except CliError as e:
+        err.print(f"[red]labrun:[/red] {e}")
+        return e.code
+    except KeyboardInterrupt:
+        err.print("[yellow]labrun: interrupted; resume with `labrun resume WORKSPACE`[/yellow]")
+        return 130
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="labrun", description="Durable autonomous research sessions on Prefect.")
+    sub = p.add_subparsers(required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="start (or continue) a session for an idea")
+    run.add_argument("idea")
+    run.add_argument("--workspace", required=True)
+    run.add_argument("--agent", choices=("anthropic", "claude-code", "scripted"), default=None)
+    run.add_argument("--model", default=None)
+    _limits(run)
+    run.set_defaults(handler=cmd_run)
+
+    resume = sub.add_parser("resume", help="continue a session; finished phases are skipped")
+    resume.add_argument("workspace")
+    _limits(resume)
+    resume.set_defaults(handler=cmd_resume)
+
+    status = sub.add_parser("status", help="phases, attempts, tokens and cost")
+    status.add_argument("workspace")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(handler=cmd_status)
+
+    state = sub.add_parser("state", help="print STATE.md")
+    state.add_argument("workspace")
+    state.set_defaults(handler=cmd_state)
+
+    check = sub.add_parser("check", help="validate an idea file")
+    check.add_argument("idea")
+    check.set_defaults(handler=cmd_check)
+
+    demo = sub.add_parser("demo", help="the whole flow offline, with the scripted agent")
+    demo.add_argument("workspace", nargs="?", default="labrun-demo")
+    demo.set_defaults(handler=cmd_demo)
+    return p
+
+
+def _limits(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--budget-usd", type=float, default=None, help="session budget in USD")
+    p.add_argument("--max-turns", type=int, default=None, help="turn limit of every phase")
+
+
+# -- reading commands (no Prefect) ---------------------------------------------------------
+
+
+def cmd_check(args) -> int:
+    from labrun.idea import IdeaError, load_idea
+
+    try:
+        idea = load_idea(args.idea)
+    except IdeaError as e:
+        for problem in e.problems:
+            err.print(problem)
+        return 2
+    for warning in idea.warnings:
+        err.print(f"[yellow]warning:[/yellow] {args.idea}: {warning}")
+    budget = f"${idea.budget_usd:g}" if idea.budget_usd is not None else "none"
+    console.print(f"{args.idea}: valid · {idea.title} · domain {idea.domain} "
+                  f"(guidance: {idea.guidance_domain}) · budget {budget}")
+    return 0
+
+
+def cmd_state(args) -> int:
+    path = _session_dir(args.workspace) / "STATE.md"
+    sys.stdout.write(path.read_text())
+    return 0
+
+
+def cmd_status(args) -> int:
+    from labrun.status import session_status
+
+    report = session_status(_session_dir(args.workspace))
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print_status(report)
+    return 0
+
+
+def print_status(report: dict) -> None:
+    s = report["session"]
+    console.print(f"[bold]{report['idea']['title']}[/bold]  ({s['workspace']})")
+    console.print(f"agent {s['agent']}" + (f" · model {s['model']}" if s["model"] else "")
+                  + f" · {'complete' if s['complete'] else 'not complete'}")
+    phases = Table("#", "phase", "status", "runs", "tokens", "cost")
+    for i, p in enumerate(report["phases"], 1):
+        u = p["usage"]
+        tokens = sum(u[k] for k in u if k.endswith("tokens"))
+        phases.add_row(str(i), p["key"], p["status"], str(p["runs"]), f"{tokens:,}", f"${u['cost_usd']:.4f}")
+    console.print(phases)
+    if report["attempts"]:
+        attempts = Table("attempt", "phase", "status", "command", "error / fix")
+        for a in report["attempts"]:
+            note = a["error"] or (f"fix: {a['fix_applied']}" if a["fix_applied"] else "")
+            attempts.add_row(str(a["n"]), a["phase"], a["status"], a["command"], note)
+        console.print(attempts)
+    u = report["usage"]
+    console.print(f"usage: {u['input_tokens']:,} in · {u['output_tokens']:,} out · "
+                  f"{u['cache_read_input_tokens']:,} cache read · {u['cache_creation_input_tokens']:,} "
+                  f"cache write · ${u['cost_usd']:.4f}")
+    console.print(f"next: {s['next_action']}")
+
+
+def _session_dir(workspace: str) -> Path:
+    root = Path(workspace)
+    if not (root / ".labrun" / "state.json").is_file():
+        raise CliError(f"{workspace}: no labrun session here (start one with `labrun run IDEA.yaml --workspace {workspace}`)")
+    return root
+
+
+# -- running commands ----------------------------------------------------------------------
+
+
+def cmd_run(args) -> int:
+    from labrun.idea import IdeaError, load_idea
+
+    try:
+        idea = load_idea(args.idea)
+    except IdeaError as e:
+        raise CliError(str(e)) from None
+    for warning in idea.warnings:
+        err.print(f"[yellow]warning:[/yellow] {args.idea}: {warning}")
+    state_file = Path(args.workspace) / ".labrun" / "state.json"
+    if state_file.is_file():
+        stored = json.loads(state_file.read_text())
+        if stored["idea_hash"] != idea.content_hash:
+            raise CliError(
+                f"{args.workspace} already holds a session of another idea ({stored['idea_path']}); "
+                "use a new --workspace, or `labrun resume` to continue that one"
+            )
+        console.print(f"{args.workspace} holds a session of this idea: resuming it.")
+    elif Path(args.workspace).exists() and any(Path(args.workspace).iterdir()):
+        console.print(f"[yellow]note:[/yellow] {args.workspace} is not empty; the agent will work beside what is there.")
+    agent = args.agent or ("scripted" if not state_file.is_file() else None)
+    return _run_flow(args.idea, args.workspace, agent, args.model, args.budget_usd, args.max_turns)
+
+
+def cmd_resume(args) -> int:
+    root = _session_dir(args.workspace)
+    from labrun.status import finished_and_intact
+
+    if finished_and_intact(root) and args.budget_usd is None and args.max_turns is None:
+        console.print(f"{args.workspace}: the session is already complete and its outputs are intact; nothing to do.")
+        return 0
+    return _run_flow(None, args.workspace, None, None, args.budget_usd, args.max_turns)
+
+
+def cmd_demo(args) -> int:
+    console.print("[bold]labrun demo[/bold]: the whole flow offline, with the scripted agent "
+                  "(an offline stand-in for demos and tests, not research).")
+    state_file = Path(args.workspace) / ".labrun" / "state.json"
+    if state_file.is_file():
+        from labrun.status import finished_and_intact
+
+        if finished_and_intact(Path(args.workspace)):
+            console.print(f"{args.workspace}: the demo session is already complete; nothing to do.")
+            return 0
+    code = _run_flow(str(DEMO_IDEA), args.workspace, "scripted", None, None, None)
+    if code == 0:
+        console.print(f"Read {args.workspace}/REPORT.md and {args.workspace}/STATE.md, "
+                      f"or run `labrun status {args.workspace}`.")
+    return code
+
+
+def _run_flow(idea_path, workspace, agent, model, budget_usd, max_turns) -> int:
+    _configure_logging()
+    from labrun.agents import AgentUnavailable
+    from labrun.workspace import WorkspaceBusy
+
+    if agent == "anthropic":
+        from labrun.agents.anthropic import check_credentials
+
+        try:
+            check_credentials()
+        except Exception as e:
+            raise CliError(str(e)) from None
+    from flows.session import research_session
+
+    _quiet_prefect_console()
+    try:
+        research_session(idea_path, str(Path(workspace).resolve()), agent, model, budget_usd, max_turns)
+    except (WorkspaceBusy, AgentUnavailable) as e:
+        raise CliError(str(e)) from None
+    except Exception as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CliError(f"session stopped: {first}\nresume with: labrun resume {workspace}", code=1) from None
+    console.print(f"[green]Session complete.[/green] {workspace}/REPORT.md · `labrun status {workspace}`")
+    return 0
+
+
+def _quiet_prefect_console() -> None:
+    """The terminal shows labrun's progress; Prefect's records still reach its API and UI."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, PrefectConsoleHandler):
+            root.removeHandler(handler)
+
+
+def _configure_logging() -> None:
+    from rich.logging import RichHandler
+
+    handler = RichHandler(console=err, show_path=False, show_level=False, markup=False)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log = logging.getLogger("labrun")
+    log.setLevel(logging.INFO)
+    log.addHandler(handler)
+    log.propagate = False
+
+
+if __name__ == "__main__":
+    sys.exit(main())

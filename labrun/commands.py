@@ -1,0 +1,110 @@
+"""Running an agent's command: in the workspace, in its own process group, with a timeout,
+bounded output, and a scrubbed environment."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from labrun.secrets import redact, scrubbed_env
+
+
+@dataclass
+class CommandResult:
+    exit_code: int | None
+    output: str
+    """Head and tail of the output, cut from the middle when long, secrets redacted."""
+    duration_s: float
+    timed_out: bool = False
+    too_much_output: bool = False
+
+
+def kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_command(
+    command: str,
+    cwd: Path,
+    log_path: Path,
+    timeout_s: float,
+    max_output_bytes: int,
+    show_chars: int = 20_000,
+    on_start: Callable[[int], None] | None = None,
+) -> CommandResult:
+    """Run `command` with bash; its whole output goes to `log_path` (the kernel writes it,
+    so the log survives a crash of the engine). The process group is killed on timeout or
+    when the output passes `max_output_bytes`."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            ["bash", "-c", command],
+            cwd=cwd,
+            env=scrubbed_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    if on_start:
+        on_start(proc.pid)
+    timed_out = too_much = False
+    while proc.poll() is None:
+        if time.monotonic() - start > timeout_s:
+            timed_out = True
+        elif log_path.stat().st_size > max_output_bytes:
+            too_much = True
+        if timed_out or too_much:
+            kill_group(proc.pid)
+            proc.wait()
+            break
+        time.sleep(0.02)
+    kill_group(proc.pid)  # nothing the command started outlives it
+    duration = time.monotonic() - start
+    _redact_file(log_path)
+    with open(log_path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(0)
+        head = f.read(show_chars)
+        tail = b""
+        if size > 2 * show_chars:
+            f.seek(size - show_chars)
+            tail = f.read()
+        elif size > show_chars:
+            tail = f.read()
+    if tail and size > 2 * show_chars:
+        text = (
+            head.decode(errors="replace")
+            + f"\n\n[... {size - 2 * show_chars} bytes cut from the middle of the output; "
+            f"the whole output is in {log_path.name} ...]\n\n"
+            + tail.decode(errors="replace")
+        )
+    else:
+        text = (head + tail).decode(errors="replace")
+    if timed_out:
+        text += f"\n[killed: the command ran past its timeout of {timeout_s:g} s]"
+    if too_much:
+        text += f"\n[killed: the command wrote more than {max_output_bytes} bytes of output]"
+    return CommandResult(
+        exit_code=None if (timed_out or too_much) else proc.returncode,
+        output=redact(text),
+        duration_s=duration,
+        timed_out=timed_out,
+        too_much_output=too_much,
+    )
+
+
+def _redact_file(path: Path) -> None:
+    text = path.read_bytes().decode(errors="replace")
+    clean = redact(text)
+    if clean != text:
+        path.write_text(clean)

@@ -1,0 +1,480 @@
+"""Research idea files: NeuriCo's idea schema v1.1, as NeuriCo's own files use it.
+
+An idea file is YAML with one top-level key, `idea:`. The schema (NeuriCo's
+`ideas/schema.yaml`) is the guide, but real idea files stray from it, and those files must load
+unchanged: `constraints.budget` may be a string such as "$50", `expected_outputs[].type` is
+free text (`benchmark`, `proof`, ...), and any section may carry keys the schema does not name
+(they are kept). What the schema does constrain (lengths, enums, ranges) is checked, so a bad
+idea is refused before anything runs, with one line that names the file, the YAML line and the
+field: `ideas/x.yaml:12: idea.hypothesis: must be at least 20 characters (got 7)`.
+
+This module is imported by the CLI and the flow alike, so it stays light: no Prefect here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import unicodedata
+from datetime import date
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    model_validator,
+)
+
+# NeuriCo's domains (its config/domains.yaml), plus computational_biology. A domain outside
+# this list is allowed, as in NeuriCo, and gets the general guidance with a warning.
+KNOWN_DOMAINS: tuple[str, ...] = (
+    "artificial_intelligence",
+    "machine_learning",
+    "data_science",
+    "nlp",
+    "computer_vision",
+    "reinforcement_learning",
+    "systems",
+    "theory",
+    "mathematics",
+    "mathematics_lean",
+    "finance",
+    "battery",
+    "scientific_computing",
+    "particle_physics",
+    "computational_biology",
+)
+GENERAL_DOMAIN = "general"
+
+
+class IdeaError(Exception):
+    """An idea file that cannot be used. `str()` is one line: the first problem, in file order,
+    and how many more there are; `problems` holds every problem, one line each."""
+
+    def __init__(self, path: str, problems: list[str]):
+        self.path = path
+        self.problems = problems
+        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+        super().__init__(problems[0] + more)
+
+
+# ── value parsers ────────────────────────────────────────────────────────────────────────
+
+_USD = re.compile(
+    r"(?:US)?\$?\s*"  # "$50", "US$50"
+    r"(?P<amount>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"  # 1,200.50 or 1200.50
+    r"\s*(?:USD|dollars?)?",  # "50 USD"
+    re.IGNORECASE,
+)
+
+
+def _parse_usd(value: Any) -> Any:
+    """A budget as NeuriCo's files write it: 50, 12.5, "50", "$50", "$1,200.50", "50 USD".
+    NeuriCo itself crashes on "$50"; here every one of these is a float in USD."""
+    if isinstance(value, bool):
+        raise ValueError(f"must be an amount in USD such as 50 or \"$50\" (got {_show(value)})")
+    if isinstance(value, str):
+        match = _USD.fullmatch(value.strip())
+        if not match:
+            raise ValueError(
+                f"must be an amount in USD such as 50 or \"$50\" (got {_show(value)})"
+            )
+        return float(match["amount"].replace(",", ""))
+    return value  # numbers (and wrong types) go on to pydantic's own float checks
+
+
+def _not_bool(value: Any) -> Any:
+    # YAML reads `yes`/`true` as a bool, and pydantic would take a bool as the integer 1.
+    if isinstance(value, bool):
+        raise ValueError(f"must be an integer (got {_show(value)})")
+    return value
+
+
+def _memory_size(value: Any) -> Any:
+    if isinstance(value, str) and not re.fullmatch(r"[0-9]+(GB|MB)", value):
+        raise ValueError(f"must be a size such as 8GB or 512MB (got {_show(value)})")
+    return value
+
+
+def _date_as_text(value: Any) -> Any:
+    # An unquoted `created_at: 2024-05-01` is a date to YAML; the schema wants a string.
+    return value.isoformat() if isinstance(value, date) else value
+
+
+Usd = Annotated[float, BeforeValidator(_parse_usd), Field(ge=0, allow_inf_nan=False)]
+Seconds = Annotated[int, BeforeValidator(_not_bool), Field(ge=60, le=86400)]
+Memory = Annotated[str, BeforeValidator(_memory_size)]
+
+
+# ── the schema ───────────────────────────────────────────────────────────────────────────
+
+
+class _Section(BaseModel):
+    # Keys the schema does not name are kept: real idea files carry them (metadata.notes,
+    # metadata.paper_style, ...), and they still mean something to the agent.
+    model_config = ConfigDict(extra="allow", coerce_numbers_to_str=True, str_strip_whitespace=True)
+
+
+class Paper(_Section):
+    url: str | None = None
+    path: str | None = None
+    description: str
+
+    @model_validator(mode="after")
+    def _url_or_path(self) -> Paper:
+        if not (self.url or self.path):
+            raise ValueError("a paper needs a 'url' or a 'path'")
+        return self
+
+
+class Dataset(_Section):
+    name: str
+    source: str
+    description: str | None = None
+    size: str | None = None
+
+
+class CodeReference(_Section):
+    repo: str
+    description: str
+    branch: str | None = None
+
+
+class Background(_Section):
+    description: str | None = None
+    papers: list[Paper] | None = None
+    datasets: list[Dataset] | None = None
+    code_references: list[CodeReference] | None = None
+
+
+class Methodology(_Section):
+    approach: str | None = None
+    steps: list[str] | None = None
+    baselines: list[str] | None = None
+    metrics: list[str] | None = None
+
+
+class Constraints(_Section):
+    compute: Literal["cpu_only", "gpu_required", "multi_gpu", "tpu", "any"] | None = None
+    time_limit: Seconds = 3600  # seconds; the schema's default
+    memory: Memory | None = None
+    budget: Usd | None = None  # USD, whatever form the file wrote it in
+    dependencies: list[str] | None = None
+
+
+class ExpectedOutput(_Section):
+    type: str  # free text: NeuriCo's own files use benchmark, proof, error_analysis, ...
+    format: str
+    fields: list[str] | None = None
+    description: str | None = None
+
+
+class Metadata(_Section):
+    author: str | None = None
+    created_at: Annotated[str, BeforeValidator(_date_as_text)] | None = None
+    tags: list[str] | None = None
+    priority: Literal["low", "medium", "high", "urgent"] | None = None
+    estimated_duration: str | None = None
+    related_ideas: list[str] | None = None
+
+
+class Idea(_Section):
+    """The `idea:` mapping of an idea file, plus what `load_idea` learnt about the file."""
+
+    title: str = Field(min_length=10, max_length=200)
+    domain: str = Field(min_length=1)
+    hypothesis: str = Field(min_length=20)
+    background: Background | None = None
+    methodology: Methodology | None = None
+    constraints: Constraints = Field(default_factory=Constraints)
+    expected_outputs: list[ExpectedOutput] | None = None
+    evaluation_criteria: list[str] | None = Field(default=None, min_length=1)
+    metadata: Metadata | None = None
+    comments: str | None = None
+
+    _path: str | None = PrivateAttr(default=None)
+    _content_hash: str = PrivateAttr(default="")
+    _warnings: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def path(self) -> str | None:
+        """The file it was loaded from, as given to `load_idea`."""
+        return self._path
+
+    @property
+    def content_hash(self) -> str:
+        """sha256 (hex) of the file's bytes: the same idea is the same content."""
+        return self._content_hash
+
+    @property
+    def warnings(self) -> list[str]:
+        """Problems that do not stop a run, such as an unknown domain."""
+        return self._warnings
+
+    @property
+    def budget_usd(self) -> float | None:
+        return self.constraints.budget
+
+    @property
+    def guidance_domain(self) -> str:
+        """The domain whose guidance the prompts use: the idea's own if known, else general."""
+        domain = _normal_domain(self.domain)
+        return domain if domain in KNOWN_DOMAINS else GENERAL_DOMAIN
+
+    @property
+    def slug(self) -> str:
+        """A short, filesystem-safe name made from the title."""
+        return _slugify(self.title)
+
+    def as_prompt_dict(self) -> dict[str, Any]:
+        """The idea as plain data (str, numbers, lists, dicts) for prompt templates; no None."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+class _IdeaFile(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    idea: Idea
+
+
+# ── loading ──────────────────────────────────────────────────────────────────────────────
+
+
+def load_idea(path: str | os.PathLike[str]) -> Idea:
+    """Read and validate an idea file. Raises `IdeaError` (one line: file, line, field,
+    problem) if it cannot be used; warnings that do not stop a run are in `Idea.warnings`."""
+    name = os.fspath(path)
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise IdeaError(name, [f"{name}: file not found"]) from None
+    except IsADirectoryError:
+        raise IdeaError(name, [f"{name}: is a directory, not an idea file"]) from None
+    except OSError as e:
+        raise IdeaError(name, [f"{name}: cannot read: {e.strerror or e}"]) from None
+    return parse_idea(data, name)
+
+
+def parse_idea(data: bytes, name: str = "<idea>") -> Idea:
+    """Validate an idea file's bytes; `name` stands for the file in messages."""
+    root, doc = _parse_yaml(data, name)
+    if root is None:
+        raise IdeaError(name, [f"{name}: file is empty: expected a mapping with an 'idea:' key"])
+    where = f"{name}:{_line(root)}"
+    if not isinstance(doc, dict):
+        raise IdeaError(
+            name, [f"{where}: top level must be a mapping with an 'idea:' key (got {_show(doc)})"]
+        )
+    if "idea" not in doc:
+        raise IdeaError(
+            name, [f"{where}: idea: field required (an idea file's fields go under 'idea:')"]
+        )
+    try:
+        idea = _IdeaFile.model_validate(doc).idea
+    except ValidationError as e:
+        raise IdeaError(name, _problems(e, root, name)) from None
+
+    idea._path = name
+    idea._content_hash = hashlib.sha256(data).hexdigest()
+    idea._warnings = _warnings(idea, doc, root)
+    return idea
+
+
+def _parse_yaml(data: bytes, name: str) -> tuple[yaml.Node | None, Any]:
+    """The document's node tree (for line numbers) and its data, from one parse."""
+    if b"\x00" in data:
+        raise IdeaError(name, [f"{name}: binary file, not YAML text"])
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise IdeaError(
+            name, [f"{name}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x})"]
+        ) from None
+    loader = None
+    try:
+        loader = yaml.SafeLoader(text)
+        root = loader.get_single_node()
+        return root, (loader.construct_document(root) if root is not None else None)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"{name}:{mark.line + 1}" if mark else name
+        problem = ", ".join(part for part in (e.context, e.problem) if part) or "cannot parse"
+        raise IdeaError(name, [_one_line(f"{where}: invalid YAML: {problem}")]) from None
+    except yaml.YAMLError as e:  # the reader's complaints (control characters) carry no mark
+        line = text[: getattr(e, "position", 0)].count("\n") + 1
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise IdeaError(name, [_one_line(f"{name}:{line}: invalid YAML: {first}")]) from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+# ── errors and warnings ──────────────────────────────────────────────────────────────────
+
+_EXPECTED = {
+    "string_type": "a string",
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "int_from_float": "an integer",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "list_type": "a list",
+    "model_type": "a mapping",
+    "model_attributes_type": "a mapping",
+    "dict_type": "a mapping",
+}
+
+
+def _problems(error: ValidationError, root: yaml.Node, name: str) -> list[str]:
+    """One line per pydantic error, `file:line: field: problem`, in file order."""
+    found = []
+    for err in error.errors():
+        field, line = _locate(root, err["loc"], missing=err["type"] == "missing")
+        found.append((line, _one_line(f"{name}:{line}: {field}: {_message(err)}")))
+    found.sort(key=lambda pair: pair[0])  # stable: pydantic's order within a line
+    return [text for _, text in found]
+
+
+def _message(err: dict[str, Any]) -> str:
+    kind, ctx, got = err["type"], err.get("ctx") or {}, err.get("input")
+    if kind == "missing":
+        return "field required"
+    if kind in _EXPECTED:
+        return f"must be {_EXPECTED[kind]} (got {_show(got)})"
+    if kind == "string_too_short":
+        return f"must be at least {ctx['min_length']} characters (got {len(got)})"
+    if kind == "string_too_long":
+        return f"must be at most {ctx['max_length']} characters (got {len(got)})"
+    if kind == "too_short":
+        return f"must have at least {ctx['min_length']} item(s) (got {ctx.get('actual_length')})"
+    if kind == "literal_error":
+        return f"must be one of {ctx['expected']} (got {_show(got)})"
+    if kind == "greater_than_equal":
+        return f"must be at least {ctx['ge']} (got {_show(got)})"
+    if kind == "less_than_equal":
+        return f"must be at most {ctx['le']} (got {_show(got)})"
+    if kind == "value_error":
+        return str(ctx.get("error", err["msg"]))
+    if kind == "invalid_key":
+        return f"keys must be strings (got {_show(got)})"
+    return err["msg"][:1].lower() + err["msg"][1:]
+
+
+def _locate(root: yaml.Node, loc: tuple[Any, ...], missing: bool) -> tuple[str, int]:
+    """The dotted field name and YAML line for a pydantic `loc`. Walks the node tree as far
+    as the path exists; a missing field is reported at the line of its parent's key."""
+    parts: list[Any] = []
+    node, line = root, _line(root)
+    for i, key in enumerate(loc):
+        child = _child(node, key)
+        if child is None:
+            if missing and i == len(loc) - 1:
+                parts.append(str(key))
+            break  # the rest of `loc` is pydantic's bookkeeping (union tags and the like)
+        parts.append(key if isinstance(node, yaml.SequenceNode) else str(key))  # int: an index
+        line, node = child
+    return _dotted(parts), line
+
+
+def _child(node: yaml.Node, key: Any) -> tuple[int, yaml.Node] | None:
+    """(line, value node) of `key` in a mapping node, or of index `key` in a sequence node."""
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in reversed(node.value):  # a duplicate key: the last one wins
+            if isinstance(key_node, yaml.ScalarNode) and key_node.value == str(key):
+                return _line(key_node), value_node
+    if isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
+        item = node.value[key]
+        return _line(item), item
+    return None
+
+
+def _warnings(idea: Idea, doc: dict[str, Any], root: yaml.Node) -> list[str]:
+    found = []
+    if idea.guidance_domain == GENERAL_DOMAIN and _normal_domain(idea.domain) != GENERAL_DOMAIN:
+        found.append(f"unknown domain {idea.domain!r}: using general guidance")
+    for key in doc:
+        if key != "idea":
+            found.append(
+                f"unknown top-level key {str(key)!r} ignored: idea fields go under 'idea:'"
+            )
+    found += _duplicate_keys(root, [])
+    return found
+
+
+def _duplicate_keys(node: yaml.Node, path: list[Any]) -> list[str]:
+    """PyYAML keeps the last of two equal keys without a word; say so."""
+    found = []
+    if isinstance(node, yaml.MappingNode):
+        seen = set()
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+            if key in seen:
+                found.append(
+                    f"line {_line(key_node)}: duplicate key {_dotted([*path, key])!r}: "
+                    "only the last one is used"
+                )
+            seen.add(key)
+            found += _duplicate_keys(value_node, [*path, key])
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            found += _duplicate_keys(item, [*path, i])
+    return found
+
+
+# ── small helpers ────────────────────────────────────────────────────────────────────────
+
+
+def _line(node: yaml.Node) -> int:
+    return node.start_mark.line + 1
+
+
+def _dotted(parts: list[Any]) -> str:
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "(top level)"
+
+
+def _show(value: Any) -> str:
+    """A value as a message shows it: short, YAML-flavoured, on one line."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, str):
+        return repr(value if len(value) <= 40 else value[:37] + "...")
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    return type(value).__name__
+
+
+def _one_line(text: str) -> str:
+    return re.sub(r"\s*[\r\n]+\s*", " ", text).strip()
+
+
+def _normal_domain(domain: str) -> str:
+    # "Machine Learning" and "machine-learning" both mean machine_learning.
+    return re.sub(r"[\s-]+", "_", domain.strip().lower())
+
+
+def _slugify(title: str, max_len: int = 48) -> str:
+    ascii_title = unicodedata.normalize("NFKD", title).encode("ascii", "ignore").decode()
+    words = re.findall(r"[a-z0-9]+", ascii_title.lower().replace("'", ""))  # Gauss's -> gausss
+    slug = ""
+    for word in words:
+        longer = f"{slug}-{word}" if slug else word
+        if len(longer) > max_len:
+            break
+        slug = longer
+    return slug or (words[0][:max_len] if words else "idea")

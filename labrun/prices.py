@@ -1,0 +1,119 @@
+"""What a model call costs: USD per million tokens, per model, and `cost_usd(model, usage)`.
+
+Built-in prices are Anthropic's list prices (https://platform.claude.com/docs/en/about-claude/pricing
+and each model's overview page), checked in November 2026. `cache_write` is the 5-minute
+cache write, the only kind labrun asks for. A file named by `LABRUN_PRICES` (YAML or JSON,
+`{model: {input, output, cache_write, cache_read}}`) is merged over them, model by model,
+for new models, negotiated prices or a gateway's own. A model with no price costs 0, with one warning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from labrun.usage import Usage
+
+log = logging.getLogger(__name__)
+
+FIELDS = ("input", "output", "cache_write", "cache_read")
+
+
+def _p(input: float, output: float, cache_write: float, cache_read: float, **extra: Any) -> dict:
+    return {"input": input, "output": output, "cache_write": cache_write, "cache_read": cache_read, **extra}
+
+
+BUILTIN_PRICES: dict[str, dict[str, Any]] = {
+    "claude-fable-5-2": _p(8, 40, 10, 0.20),
+    "claude-fable-5-1": _p(10, 50, 12.50, 0.25),
+    "claude-mythos-5-1": _p(10, 50, 12.50, 0.25),
+    "claude-fable-5": _p(10, 50, 12.50, 1.00),
+    "claude-mythos-5": _p(10, 50, 12.50, 1.00),
+    "claude-opus-5-5": _p(4, 20, 5, 0.20),
+    "claude-opus-5": _p(5, 25, 6.25, 0.50),
+    "claude-opus-4-8": _p(5, 25, 6.25, 0.50),
+    "claude-opus-4-7": _p(5, 25, 6.25, 0.50),
+    "claude-opus-4-6": _p(5, 25, 6.25, 0.50),
+    "claude-opus-4-5": _p(5, 25, 6.25, 0.50),
+    "claude-sonnet-5-5": _p(2, 10, 2.50, 0.10),  # cache reads cut from 0.20 on 2026-10-07
+    "claude-sonnet-5": _p(2, 10, 2.50, 0.20),
+    "claude-sonnet-4-6": _p(3, 15, 3.75, 0.30),
+    "claude-sonnet-4-5": _p(3, 15, 3.75, 0.30),
+    "claude-haiku-4-5": _p(1, 5, 1.25, 0.10),
+    # Haiku 5.5 is priced by prompt length: a prompt (input + cache reads + cache writes)
+    # over 100k tokens pays the higher rates on every token of that request.
+    "claude-haiku-5-5": _p(
+        0.10, 0.50, 0.125, 0.01,
+        long_prompt={"threshold": 100_000, **_p(0.50, 2.50, 0.625, 0.05)},
+    ),
+}
+
+_DATE_SUFFIX = re.compile(r"-\d{8}$")
+_warned: set[str] = set()
+
+
+def load_prices(path: str | None = None) -> dict[str, dict[str, Any]]:
+    """The built-in table with the `LABRUN_PRICES` file (or `path`) merged over it."""
+    path = path if path is not None else os.environ.get("LABRUN_PRICES", "")
+    return _load(path)
+
+
+@lru_cache(maxsize=8)
+def _load(path: str) -> dict[str, dict[str, Any]]:
+    prices = {model: dict(table) for model, table in BUILTIN_PRICES.items()}
+    if not path:
+        return prices
+    try:
+        text = Path(path).read_text()
+        data = json.loads(text) if path.endswith(".json") else _yaml(text)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"LABRUN_PRICES={path}: cannot read it ({err}); fix or unset it") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"LABRUN_PRICES={path}: expected {{model: {{input, output, cache_write, cache_read}}}}")
+    for model, table in data.items():
+        if not isinstance(table, dict) or not all(isinstance(table.get(f), (int, float)) for f in FIELDS):
+            raise ValueError(f"LABRUN_PRICES={path}: {model}: give numbers for {', '.join(FIELDS)}")
+        prices[str(model)] = {f: float(table[f]) for f in FIELDS}
+    return prices
+
+
+def _yaml(text: str) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ValueError(str(err).replace("\n", " ")) from None
+
+
+def price_for(model: str) -> dict[str, Any] | None:
+    """The price table of `model`, also found under its name without a date suffix."""
+    prices = load_prices()
+    return prices.get(model) or prices.get(_DATE_SUFFIX.sub("", model))
+
+
+def cost_usd(model: str, usage: Usage) -> float:
+    """USD for one reply's usage; 0 (and one warning) when the model has no price."""
+    table = price_for(model)
+    if table is None:
+        if model not in _warned:
+            _warned.add(model)
+            log.warning("No price known for model %r: its cost counts as 0. "
+                        "Add it to a LABRUN_PRICES file to count it.", model)
+        return 0.0
+    long_prompt = table.get("long_prompt")
+    prompt = usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
+    if long_prompt and prompt > long_prompt["threshold"]:
+        table = long_prompt
+    total = (
+        usage.input_tokens * table["input"]
+        + usage.output_tokens * table["output"]
+        + usage.cache_creation_input_tokens * table["cache_write"]
+        + usage.cache_read_input_tokens * table["cache_read"]
+    )
+    return round(total / 1_000_000, 6)

@@ -1,0 +1,259 @@
+"""A research session: its workspace, idea, state and settings, shared by the flow, the
+phase tasks and the tools of one engine process."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+from labrun.commands import kill_group
+from labrun.idea import Idea, load_idea
+from labrun.state import Attempt, SessionState, StateStore, now
+from labrun.journal import phase_usage
+from labrun.usage import Budget, Usage
+from labrun.workspace import Workspace, write_json
+from phases import PHASES, Phase
+
+IGNORED_DIRS = {".labrun", ".git", ".venv", "venv", "__pycache__", "node_modules",
+                ".ipynb_checkpoints", ".pytest_cache", ".mypy_cache"}
+SOURCE_SUFFIXES = {".py", ".sh", ".r", ".jl", ".js", ".ts", ".c", ".cc", ".cpp", ".h", ".hpp",
+                   ".rs", ".go", ".java", ".lean", ".m", ".yaml", ".yml", ".toml", ".cfg",
+                   ".ini", ".txt", ".ipynb"}
+DEFAULT_TIME_LIMIT_S = 3600
+
+
+class SessionMismatch(Exception):
+    pass
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def workspace_files(root: Path) -> dict[str, str]:
+    """sha256 of every file the agent's work consists of (engine data and STATE.md aside)."""
+    found = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in IGNORED_DIRS)
+        for name in filenames:
+            path = Path(dirpath) / name
+            rel = str(path.relative_to(root))
+            if rel != "STATE.md" and path.is_file() and not path.is_symlink():
+                found[rel] = sha256_file(path)
+    return found
+
+
+def changed_outputs(manifest: dict[str, Any], recorded: dict[str, str], root: Path) -> list[str]:
+    """Files a finished phase produced that are gone, or differ from the last digest any
+    finished phase recorded for them."""
+    changed = []
+    for rel in manifest.get("files", {}):
+        path = root / rel
+        if not path.is_file() or sha256_file(path) != recorded.get(rel):
+            changed.append(rel)
+    return changed
+
+
+class Session:
+    _open: dict[str, "Session"] = {}
+
+    def __init__(self, ws: Workspace, store: StateStore, idea: Idea):
+        self.ws = ws
+        self.store = store
+        self.idea = idea
+
+    @property
+    def state(self) -> SessionState:
+        return self.store.state
+
+    # -- opening and closing ---------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        workspace: str | Path,
+        idea_path: str | Path | None = None,
+        agent: str | None = None,
+        model: str | None = None,
+        budget_usd: float | None = None,
+        max_turns: int | None = None,
+    ) -> "Session":
+        """Open (or create) the session in `workspace` and hold its lock until `close`."""
+        ws = Workspace(workspace)
+        idea = load_idea(idea_path) if idea_path else None
+        if ws.state_file.exists() and idea is not None:
+            state = StateStore.load(ws).state
+            if state.idea_hash != idea.content_hash:
+                raise SessionMismatch(
+                    f"{ws.root} already holds a session of another idea ({state.idea_path}); "
+                    "use a new --workspace, or `labrun resume` to continue that one"
+                )
+        ws.root.mkdir(parents=True, exist_ok=True)
+        ws.lock()
+        try:
+            if ws.state_file.exists():
+                store = StateStore.load(ws)
+                idea = load_idea(ws.data / "idea.yaml")
+                session = cls(ws, store, idea)
+                session._settle(agent, model, budget_usd, max_turns)
+                session.reconcile_after_crash()
+            else:
+                if idea is None:
+                    raise FileNotFoundError(f"{ws.root}: no labrun session here; start one with `labrun run IDEA.yaml --workspace {ws.root}`")
+                shutil.copyfile(idea_path, ws.data / "idea.yaml")
+                state = SessionState(
+                    session_id=uuid.uuid4().hex[:12],
+                    title=idea.title,
+                    idea_path=str(Path(idea_path).resolve()),
+                    idea_hash=idea.content_hash,
+                    domain=idea.domain,
+                    agent=agent or "scripted",
+                    model=model,
+                    budget_usd=budget_usd if budget_usd is not None else idea.budget_usd,
+                    max_turns=max_turns,
+                )
+                store = StateStore(ws, state)
+                session = cls(ws, store, idea)
+                store.log(f"session created (agent {state.agent})")
+        except BaseException:
+            ws.unlock()
+            raise
+        cls._open[str(ws.root)] = session
+        return session
+
+    @classmethod
+    def get(cls, workspace: str) -> "Session":
+        """The session this process has open for `workspace`."""
+        return cls._open[str(Path(workspace).resolve())]
+
+    def close(self) -> None:
+        self._open.pop(str(self.ws.root), None)
+        self.ws.unlock()
+
+    def _settle(self, agent: str | None, model: str | None, budget_usd: float | None,
+                max_turns: int | None) -> None:
+        """A resume keeps the session's settings unless told otherwise."""
+        if max_turns is not None:
+            self.state.max_turns = max_turns
+        if agent and agent != self.state.agent:
+            self.state.agent = agent
+        if model and model != self.state.model:
+            self.state.model = model
+        if budget_usd is not None:
+            self.state.budget_usd = budget_usd
+        self.store.save()
+
+    def reconcile_after_crash(self) -> None:
+        """An attempt still RUNNING belongs to a dead engine: kill what it left, mark it."""
+        for a in self.state.attempts:
+            if a.status == "RUNNING":
+                if a.pgid:
+                    kill_group(a.pgid)
+                a.status = "INTERRUPTED"
+                a.error = "the session was interrupted while this attempt ran"
+                a.pgid = None
+                self.store.log(f"attempt {a.n} marked INTERRUPTED (the engine stopped while it ran)")
+        self.store.save()
+
+    # -- attempts --------------------------------------------------------------------------
+
+    def new_attempt(self, phase_key: str, inp) -> Attempt:
+        with self.store._lock:
+            n = len(self.state.attempts) + 1
+            attempt = Attempt(
+                n=n,
+                phase=phase_key,
+                command=inp.command,
+                purpose=inp.purpose,
+                fix_applied=inp.fix_applied,
+                outputs=list(inp.outputs),
+                metrics_file=inp.metrics_file,
+                log=f".labrun/attempts/attempt-{n:03d}.log",
+                sources_digest=self.sources_digest(),
+            )
+            self.state.attempts.append(attempt)
+            self.state.worklog.append(f"{now()} — attempt {n} started: {inp.command}")
+            self.store.save()
+        return attempt
+
+    def update_attempt(self, n: int, **fields: Any) -> None:
+        with self.store._lock:
+            attempt = self.state.attempts[n - 1]
+            for k, v in fields.items():
+                setattr(attempt, k, v)
+            if "status" in fields:
+                self.state.worklog.append(
+                    f"{now()} — attempt {n} {attempt.status}"
+                    + (f": {attempt.error}" if attempt.error else "")
+                )
+            self.store.save()
+
+    def sources_digest(self) -> str:
+        files = workspace_files(self.ws.root)
+        sources = {k: v for k, v in files.items() if Path(k).suffix.lower() in SOURCE_SUFFIXES}
+        return hashlib.sha256(json.dumps(sources, sort_keys=True).encode()).hexdigest()[:16]
+
+    # -- phases ----------------------------------------------------------------------------
+
+    def missing_for(self, phase: Phase, given: dict[str, str]) -> list[str]:
+        """What the phase's completion rule still lacks."""
+        missing = [f"file {f}" for f in phase.files if not (self.ws.root / f).is_file()]
+        missing += [f"section {s}" for s in phase.sections if not given.get(s)]
+        if phase.needs_success and not any(a.status == "SUCCESS" for a in self.state.attempts):
+            missing.append("a run_experiment attempt with status SUCCESS")
+        return missing
+
+    def give_sections(self, phase_key: str, sections: dict[str, str]) -> None:
+        with self.store._lock:
+            self.state.sections.update(sections)
+            if sections:
+                self.state.worklog.append(
+                    f"{now()} — {phase_key} gave sections: {', '.join(sections)}"
+                )
+            self.store.save()
+
+    def manifest(self, phase_key: str) -> dict[str, Any] | None:
+        path = self.ws.phase_dir(phase_key) / "manifest.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def stale_outputs(self, phase_key: str) -> list[str]:
+        manifest = self.manifest(phase_key)
+        if manifest is None:
+            return []
+        return changed_outputs(manifest, self.state.file_digests, self.ws.root)
+
+    def finish_phase(self, phase_key: str, manifest: dict[str, Any]) -> None:
+        with self.store._lock:
+            write_json(self.ws.phase_dir(phase_key) / "manifest.json", manifest)
+            self.state.file_digests.update(manifest["files"])
+            self.store.save()
+
+    def usage(self) -> Usage:
+        return session_usage(self.ws)
+
+    def budget(self) -> Budget:
+        return Budget(self.state.budget_usd, self.usage(), str(self.ws.root))
+
+    def max_turns(self, phase: Phase) -> int:
+        return self.state.max_turns or phase.max_turns
+
+    @property
+    def time_limit_s(self) -> int:
+        constraints = self.idea.constraints
+        return (constraints.time_limit if constraints and constraints.time_limit else None) or DEFAULT_TIME_LIMIT_S
+
+
+def session_usage(ws: Workspace) -> Usage:
+    total = Usage()
+    for p in PHASES:
+        total += phase_usage(ws.phase_dir(p.key))
+    return total

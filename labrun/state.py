@@ -1,0 +1,184 @@
+"""The engine's record of a session, and STATE.md rendered from it.
+
+`state.json` is the source of truth, written atomically after every change; STATE.md is
+rendered from it at the same moment, so the file can neither lag nor go missing. The agent
+never writes either: its contributions arrive through `complete_phase` sections.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Literal
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from pydantic import BaseModel, Field
+
+from labrun.secrets import redact
+from labrun.workspace import Workspace, write_atomic
+from phases import PHASES, SECTION_TITLES
+
+PhaseStatus = Literal["pending", "IN PROGRESS", "DONE", "FAILED"]
+AttemptStatus = Literal["RUNNING", "FAILED", "SUCCESS", "INTERRUPTED"]
+TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
+STATE_SECTIONS = (
+    "Session Title", "Current State", "Worklog", "Research Specification",
+    "Files and Resources", "Workflow", "Experiment Design", "Experiment Attempts",
+    "Experiment Results", "Learnings",
+)
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+class PhaseRecord(BaseModel):
+    status: PhaseStatus = "pending"
+    runs: int = 0
+    """Times the phase's task really ran; cache hits do not count."""
+    error: str | None = None
+
+
+class Attempt(BaseModel):
+    n: int
+    phase: str
+    status: AttemptStatus = "RUNNING"
+    command: str
+    purpose: str = ""
+    exit_code: int | None = None
+    duration_s: float | None = None
+    error: str | None = None
+    fix_applied: str | None = None
+    metrics: dict[str, float | int | str | None] = Field(default_factory=dict)
+    outputs: list[str] = Field(default_factory=list)
+    metrics_file: str | None = None
+    log: str = ""
+    pgid: int | None = None
+    sources_digest: str = ""
+    """Digest of the workspace's source files when the attempt started."""
+
+
+class SessionState(BaseModel):
+    session_id: str
+    title: str
+    idea_path: str
+    idea_hash: str
+    domain: str
+    agent: str
+    model: str | None = None
+    budget_usd: float | None = None
+    max_turns: int | None = None
+    """Overrides every phase's turn limit when set."""
+    created_at: str = Field(default_factory=now)
+    phases: dict[str, PhaseRecord] = Field(
+        default_factory=lambda: {p.key: PhaseRecord() for p in PHASES}
+    )
+    worklog: list[str] = Field(default_factory=list)
+    sections: dict[str, str] = Field(default_factory=dict)
+    attempts: list[Attempt] = Field(default_factory=list)
+    file_digests: dict[str, str] = Field(default_factory=dict)
+    """Last sha256 any finished phase recorded for each output file."""
+
+    @property
+    def active_phase(self) -> str | None:
+        for p in PHASES:
+            if self.phases[p.key].status in ("IN PROGRESS", "FAILED"):
+                return p.key
+        return None
+
+    @property
+    def complete(self) -> bool:
+        return all(r.status == "DONE" for r in self.phases.values())
+
+    def next_action(self, workspace: str) -> str:
+        if self.complete:
+            return "none: the session is complete (REPORT.md holds the write-up)"
+        failed = [k for k, r in self.phases.items() if r.status == "FAILED"]
+        if failed:
+            return f"resume with `labrun resume {workspace}` (phase {failed[0]} stopped: {self.phases[failed[0]].error})"
+        running = [k for k, r in self.phases.items() if r.status == "IN PROGRESS"]
+        if running:
+            return f"phase {running[0]} is running; if no labrun process is, `labrun resume {workspace}`"
+        pending = next(p.key for p in PHASES if self.phases[p.key].status == "pending")
+        return f"start phase {pending} (`labrun resume {workspace}`)"
+
+
+def _demote_headings(text: str) -> str:
+    """Agent text may not open a top-level section of its own inside STATE.md."""
+    return re.sub(r"^(#{1,2})(?=\s)", r"##\1", text.strip(), flags=re.M)
+
+
+_env = Environment(
+    loader=FileSystemLoader(TEMPLATES),
+    undefined=StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+    keep_trailing_newline=True,
+)
+_env.filters["demote"] = _demote_headings
+
+
+def render_state_md(state: SessionState, workspace: str) -> str:
+    text = _env.get_template("STATE.md.j2").render(
+        state=state,
+        phases=PHASES,
+        section_titles=SECTION_TITLES,
+        next_action=state.next_action(workspace),
+    )
+    return redact(text)
+
+
+class StateStore:
+    """Owns a session's state: every change is saved at once, STATE.md with it."""
+
+    def __init__(self, ws: Workspace, state: SessionState):
+        self.ws = ws
+        self.state = state
+        self.listeners: list[Callable[[SessionState], None]] = []
+        self._lock = threading.RLock()
+
+    @classmethod
+    def load(cls, ws: Workspace) -> "StateStore":
+        return cls(ws, SessionState.model_validate_json(ws.state_file.read_text()))
+
+    def save(self) -> None:
+        with self._lock:
+            write_atomic(self.ws.state_file, self.state.model_dump_json(indent=2))
+            write_atomic(self.ws.state_md, render_state_md(self.state, str(self.ws.root)))
+            for listener in self.listeners:
+                listener(self.state)
+
+    def log(self, event: str) -> None:
+        with self._lock:
+            self.state.worklog.append(f"{now()} — {redact(event)}")
+            self.save()
+
+    def set_phase(self, key: str, status: PhaseStatus, event: str, error: str | None = None) -> None:
+        with self._lock:
+            record = self.state.phases[key]
+            record.status = status
+            record.error = error
+            if event:
+                self.state.worklog.append(f"{now()} — {redact(event)}")
+            self.save()
+
+
+def parse_state_md(text: str) -> dict[str, str]:
+    """STATE.md's top-level sections, title → body. Used by tests and outside clients."""
+    sections: dict[str, str] = {}
+    current = None
+    for line in text.splitlines():
+        if line.startswith("# "):
+            current = line[2:].strip()
+            sections[current] = ""
+        elif current is not None:
+            sections[current] += line + "\n"
+    return {k: v.strip() for k, v in sections.items()}
+
+
+def phase_table(text: str) -> dict[str, str]:
+    """`Phase N — key: status` lines of STATE.md's Current State, key → status."""
+    body = parse_state_md(text).get("Current State", "")
+    return dict(re.findall(r"^Phase \d — (\w+): (.+)$", body, flags=re.M))

@@ -1,0 +1,261 @@
+"""The agent's tools (DESIGN.md, contract): the same four for every backend.
+
+`ToolBox.call` takes a tool name and its input as the model sent them and returns the text
+the model will read. It never raises for the model's mistakes: a bad input is an error
+result the agent can act on.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+from labrun.commands import run_command
+from labrun.secrets import redact
+from phases import SECTION_TITLES, Phase
+
+if TYPE_CHECKING:
+    from labrun.session import Session
+
+TOOL_DOCS = Path(__file__).resolve().parents[1] / "templates" / "tools"
+BASH_TIMEOUT_S = 600
+BASH_MAX_OUTPUT = 50_000_000
+VIEW_MAX_CHARS = 40_000
+
+
+class RunExperimentInput(BaseModel):
+    command: str = Field(description="Shell command to run in the workspace root.")
+    purpose: str = Field(description="What this attempt tests, in one sentence.")
+    outputs: list[str] = Field(default_factory=list, description="Files the run must produce.")
+    metrics_file: str | None = Field(default=None, description="JSON file of metrics it writes.")
+    fix_applied: str | None = Field(default=None, description="After a failure: what you changed.")
+
+
+class Sections(BaseModel):
+    research_specification: str | None = None
+    files_and_resources: str | None = None
+    workflow: str | None = None
+    experiment_design: str | None = None
+    experiment_results: str | None = None
+    learnings: str | None = None
+
+
+class CompletePhaseInput(BaseModel):
+    summary: str = Field(description="What this phase achieved, in a few sentences.")
+    sections: Sections = Field(default_factory=Sections, description="STATE.md sections (markdown).")
+
+
+class BashInput(BaseModel):
+    command: str | None = None
+    restart: bool = False
+
+
+class EditorInput(BaseModel):
+    command: Literal["view", "create", "str_replace", "insert"]
+    path: str
+    file_text: str | None = None
+    old_str: str | None = None
+    new_str: str | None = None
+    insert_line: int | None = None
+    insert_text: str | None = None
+    view_range: list[int] | None = None
+
+
+def tool_specs() -> list[dict[str, Any]]:
+    """The tool definitions sent to the model; part of every phase's version."""
+
+    def custom(name: str, model: type[BaseModel]) -> dict[str, Any]:
+        schema = model.model_json_schema()
+        return {"name": name, "description": (TOOL_DOCS / f"{name}.md").read_text().strip(),
+                "input_schema": schema}
+
+    return [
+        {"type": "bash_20250124", "name": "bash"},
+        {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"},
+        custom("run_experiment", RunExperimentInput),
+        custom("complete_phase", CompletePhaseInput),
+    ]
+
+
+@dataclass
+class ToolResult:
+    content: str
+    is_error: bool = False
+
+
+class ToolError(Exception):
+    """A mistake of the agent's, reported back to it as an error result."""
+
+
+class ToolBox:
+    def __init__(self, session: "Session", phase: Phase):
+        self.session = session
+        self.phase = phase
+        self.root = session.ws.root
+        self.completed: str | None = None
+        """The summary, once `complete_phase` succeeded."""
+        self.calls = 0
+
+    def call(self, name: str, raw_input: dict[str, Any]) -> ToolResult:
+        self.calls += 1
+        handler = {
+            "bash": (BashInput, self.bash),
+            "str_replace_based_edit_tool": (EditorInput, self.edit),
+            "run_experiment": (RunExperimentInput, self.run_experiment),
+            "complete_phase": (CompletePhaseInput, self.complete_phase),
+        }.get(name)
+        if handler is None:
+            return ToolResult(f"Unknown tool {name!r}.", is_error=True)
+        schema, fn = handler
+        try:
+            return ToolResult(redact(fn(schema.model_validate(raw_input))))
+        except ValidationError as e:
+            problems = "; ".join(
+                f"{'.'.join(map(str, err['loc'])) or 'input'}: {err['msg']}" for err in e.errors()
+            )
+            return ToolResult(f"Invalid input for {name}: {problems}", is_error=True)
+        except ToolError as e:
+            return ToolResult(redact(str(e)), is_error=True)
+
+    # -- paths -----------------------------------------------------------------------------
+
+    def resolve(self, path: str, writing: bool = False) -> Path:
+        """A path inside the workspace, symlinks resolved; anything else is refused."""
+        p = Path(path)
+        full = (p if p.is_absolute() else self.root / p).resolve()
+        if full != self.root and self.root not in full.parents:
+            raise ToolError(f"{path}: outside the workspace {self.root}; use paths inside it")
+        rel = full.relative_to(self.root)
+        if writing and (rel.parts[:1] == (".labrun",) or rel == Path("STATE.md")):
+            raise ToolError(f"{path}: the engine owns this file; hand things on through complete_phase")
+        return full
+
+    # -- tools -----------------------------------------------------------------------------
+
+    def bash(self, inp: BashInput) -> str:
+        if inp.restart:
+            return "Shell restarted. Each command runs in a fresh shell in the workspace root."
+        if not inp.command:
+            raise ToolError("bash needs a command (or restart: true)")
+        log = self.session.ws.data / "tmp" / "bash.log"
+        result = run_command(inp.command, self.root, log, BASH_TIMEOUT_S, BASH_MAX_OUTPUT)
+        status = "" if result.exit_code == 0 else f"\n[exit code: {result.exit_code}]"
+        return (result.output or "(no output)") + status
+
+    def edit(self, inp: EditorInput) -> str:
+        path = self.resolve(inp.path, writing=inp.command != "view")
+        rel = path.relative_to(self.root)
+        if inp.command == "view":
+            return self._view(path, inp.view_range)
+        if inp.command == "create":
+            if inp.file_text is None:
+                raise ToolError("create needs file_text")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(inp.file_text)
+            return f"Created {rel} ({len(inp.file_text.splitlines())} lines)."
+        if not path.is_file():
+            raise ToolError(f"{rel}: no such file")
+        text = path.read_text()
+        if inp.command == "str_replace":
+            if not inp.old_str:
+                raise ToolError("str_replace needs old_str")
+            count = text.count(inp.old_str)
+            if count != 1:
+                raise ToolError(
+                    f"old_str occurs {count} times in {rel}; it must occur exactly once "
+                    "(add surrounding lines to make it unique)"
+                )
+            path.write_text(text.replace(inp.old_str, inp.new_str or ""))
+            return f"Replaced the text in {rel}."
+        # insert
+        if inp.insert_line is None or inp.insert_text is None:
+            raise ToolError("insert needs insert_line and insert_text")
+        lines = text.splitlines(keepends=True)
+        if not 0 <= inp.insert_line <= len(lines):
+            raise ToolError(f"insert_line must be between 0 and {len(lines)} for {rel}")
+        new = inp.insert_text if inp.insert_text.endswith("\n") else inp.insert_text + "\n"
+        lines.insert(inp.insert_line, new)
+        path.write_text("".join(lines))
+        return f"Inserted text after line {inp.insert_line} of {rel}."
+
+    def _view(self, path: Path, view_range: list[int] | None) -> str:
+        rel = path.relative_to(self.root)
+        if path.is_dir():
+            entries = sorted(
+                str(p.relative_to(self.root)) + ("/" if p.is_dir() else "")
+                for p in path.iterdir()
+                if p.name != ".labrun"
+            )
+            return "\n".join(entries) or f"{rel}/ is empty"
+        if not path.exists():
+            raise ToolError(f"{rel}: no such file or directory")
+        lines = path.read_text(errors="replace").splitlines()
+        start, end = 1, len(lines)
+        if view_range:
+            start = max(1, view_range[0])
+            end = len(lines) if len(view_range) < 2 or view_range[1] == -1 else view_range[1]
+        shown = "\n".join(f"{i:6}\t{lines[i - 1]}" for i in range(start, min(end, len(lines)) + 1))
+        if len(shown) > VIEW_MAX_CHARS:
+            shown = shown[:VIEW_MAX_CHARS] + "\n[... cut: view a smaller view_range ...]"
+        return shown or f"{rel} is empty"
+
+    def run_experiment(self, inp: RunExperimentInput) -> str:
+        from phases.attempts import start_attempt  # Prefect is only needed once attempts run
+
+        attempt = start_attempt(self.session, self.phase.key, inp)
+        metrics = ", ".join(f"{k}={v}" for k, v in attempt.metrics.items()) or "none"
+        return "\n".join([
+            f"Attempt {attempt.n}: {attempt.status}",
+            f"Exit code: {attempt.exit_code}",
+            f"Duration: {attempt.duration_s:.1f} s" if attempt.duration_s is not None else "Duration: —",
+            f"Error: {attempt.error or 'none'}",
+            f"Metrics: {metrics}",
+            f"Outputs: {', '.join(attempt.outputs) or 'none'}",
+            f"Log: {attempt.log}",
+            "Output (tail):",
+            attempt_tail(self.root / attempt.log),
+        ])
+
+    def complete_phase(self, inp: CompletePhaseInput) -> str:
+        given = {k: v for k, v in inp.sections.model_dump().items() if v and v.strip()}
+        missing = self.session.missing_for(self.phase, given)
+        if missing:
+            raise ToolError(
+                f"The {self.phase.key} phase is not complete yet; missing: {'; '.join(missing)}. "
+                "Provide them and call complete_phase again."
+            )
+        self.session.give_sections(self.phase.key, given)
+        self.completed = inp.summary
+        titles = ", ".join(SECTION_TITLES[k] for k in given) or "no sections"
+        return f"Phase {self.phase.key} complete ({titles} recorded)."
+
+
+def attempt_tail(log: Path, chars: int = 3000) -> str:
+    if not log.exists():
+        return "(no output)"
+    with open(log, "rb") as f:
+        size = f.seek(0, 2)
+        f.seek(max(0, size - chars))
+        return f.read().decode(errors="replace") or "(no output)"
+
+
+def parse_metrics(path: Path) -> dict[str, Any]:
+    """A JSON object of metrics, nested keys joined with dots."""
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict):
+        raise ValueError("the metrics file must hold a JSON object")
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        elif isinstance(value, (int, float, str)) or value is None:
+            flat[prefix] = value
+
+    walk("", data)
+    return flat

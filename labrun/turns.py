@@ -1,0 +1,101 @@
+"""The durable turn loop of a model-driven agent (the Anthropic API, the scripted agent).
+
+One turn: one model call (a Prefect task, retried on transient errors), the reply saved the
+moment it arrives, then each tool call run and its result saved the moment it finishes. A
+crashed phase rebuilds the conversation from its journal and goes on at the next turn, so a
+completed model call is never paid for twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.context import TaskRunContext
+
+from labrun import prompts
+from labrun.journal import Conversation
+from labrun.model import Model, ModelReply, ModelRequest, TransientModelError
+from labrun.tools import ToolBox, tool_specs
+from labrun.usage import Budget, Usage
+
+log = logging.getLogger("labrun")
+
+RETRY_BASE_S = float(os.environ.get("LABRUN_RETRY_BASE_S", "2"))
+RETRY_DELAYS = [RETRY_BASE_S * 2**i for i in range(8)]
+JITTER = 0.5
+
+
+class PhaseStopped(Exception):
+    """The phase cannot go on without a person: a limit or budget was reached."""
+
+
+def _is_transient(task, task_run, state) -> bool:
+    try:
+        state.result()
+    except TransientModelError:
+        return True
+    except BaseException:
+        return False
+    return False
+
+
+@task(
+    name="model-call",
+    task_run_name="{phase} turn {turn}",
+    retries=len(RETRY_DELAYS),
+    retry_delay_seconds=RETRY_DELAYS,
+    retry_jitter_factor=JITTER,
+    retry_condition_fn=_is_transient,
+    cache_policy=NO_CACHE,
+    persist_result=False,
+)
+def model_call(model: Model, request: ModelRequest, phase: str, turn: int) -> ModelReply:
+    try:
+        return model.complete(request)
+    except TransientModelError as e:
+        if e.retry_after:
+            # Prefect's delays are fixed in advance: wait out the rest of retry-after here.
+            ctx = TaskRunContext.get()
+            done = ctx.task_run.run_count - 1 if ctx and ctx.task_run else 0
+            planned = RETRY_DELAYS[min(done, len(RETRY_DELAYS) - 1)] * (1 - JITTER)
+            time.sleep(max(0.0, e.retry_after - planned))
+        log.warning("%s turn %s: %s; retrying", phase, turn, e)
+        raise
+
+
+def run_turns(model: Model, toolbox: ToolBox, convo: Conversation, system: str, max_turns: int,
+              budget: Budget) -> None:
+    """Drive the conversation until `complete_phase` succeeds."""
+    phase = toolbox.phase.key
+    specs = tool_specs()
+    while toolbox.completed is None:
+        if convo.turns >= max_turns:
+            raise PhaseStopped(
+                f"phase {phase} reached its limit of {max_turns} turns; raise it with "
+                f"`labrun resume {toolbox.root} --max-turns {max_turns * 2}`"
+            )
+        budget.check()
+        request = ModelRequest(system=system, messages=convo.messages(), tools=specs)
+        reply = model_call(model, request, phase=phase, turn=convo.turns + 1)
+        convo.add_reply(reply.content, reply.usage, reply.stop_reason)
+        budget.spend(reply.usage)
+        tool_uses = [b for b in reply.content if b.get("type") == "tool_use"]
+        for block in tool_uses:
+            result = toolbox.call(block["name"], block.get("input") or {})
+            convo.add_tool_result(block["id"], block["name"], result.content, result.is_error)
+        _report(phase, convo, tool_uses, budget.used)
+        if not tool_uses and toolbox.completed is None:
+            missing = toolbox.session.missing_for(toolbox.phase, toolbox.session.state.sections)
+            convo.add_user_text(prompts.nudge(phase, "; ".join(missing)))
+
+
+def _report(phase: str, convo: Conversation, tool_uses: list[dict], used: Usage) -> None:
+    tools = ", ".join(b["name"] for b in tool_uses) or "no tool"
+    log.info(
+        "%s · turn %d · %s · %s tokens · $%.4f",
+        phase, convo.turns, tools, f"{used.total_tokens:,}", used.cost_usd,
+    )

@@ -1,0 +1,91 @@
+"""A session's workspace: where engine data lives, atomic writes, and the writer lock."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+class WorkspaceBusy(Exception):
+    pass
+
+
+class Workspace:
+    """`<root>/.labrun/` holds the engine's data; everything else is the agent's."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root).resolve()
+        self.data = self.root / ".labrun"
+        self._lock_fd: int | None = None
+
+    @property
+    def session_file(self) -> Path:
+        return self.data / "session.json"
+
+    @property
+    def state_file(self) -> Path:
+        return self.data / "state.json"
+
+    @property
+    def state_md(self) -> Path:
+        return self.root / "STATE.md"
+
+    @property
+    def results(self) -> Path:
+        return self.data / "results"
+
+    @property
+    def attempts(self) -> Path:
+        return self.data / "attempts"
+
+    def phase_dir(self, key: str) -> Path:
+        return self.data / "phases" / key
+
+    def exists(self) -> bool:
+        return self.session_file.exists()
+
+    def lock(self) -> None:
+        """Hold the workspace for this process. The kernel drops a flock when its holder
+        dies, so a crashed engine never keeps the workspace."""
+        self.data.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.data / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise WorkspaceBusy(
+                f"{self.root}: another labrun process (pid {holder}) is running this session; "
+                "wait for it to finish or stop it first"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write via a temporary file, fsync, rename: readers see the old or the new file whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def write_json(path: Path, data: Any) -> None:
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,123 @@
+"""Experiment attempts: each `run_experiment` call is one numbered attempt and one Prefect
+subtask, recorded RUNNING in STATE.md before its command starts.
+
+The subtask commits eagerly, so a finished attempt survives a crash of its phase; the
+journal holds the agent's view of it, STATE.md the researcher's.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from prefect import task
+from prefect.transactions import CommitMode, transaction
+
+from labrun.commands import run_command
+from labrun.session import Session
+from labrun.state import Attempt
+from labrun.tools import RunExperimentInput, ToolError, parse_metrics
+
+ERROR_LINE = re.compile(r"^\s*([\w.]*(Error|Exception|Exit|Interrupt)\b.*)$", re.M)
+MAX_OUTPUT_BYTES = 200_000_000
+
+
+def start_attempt(session: Session, phase_key: str, inp: RunExperimentInput) -> Attempt:
+    refuse_if_repeated(session, inp)
+    attempt = session.new_attempt(phase_key, inp)
+    with transaction(commit_mode=CommitMode.EAGER):
+        record = experiment_attempt.with_options(result_storage=session.ws.results)(
+            session_id=session.state.session_id, workspace=str(session.ws.root), n=attempt.n
+        )
+    return Attempt.model_validate(record)
+
+
+def refuse_if_repeated(session: Session, inp: RunExperimentInput) -> None:
+    """A refused call is not an attempt: it gets no number, only a Worklog line."""
+    attempts = session.state.attempts
+    last = attempts[-1] if attempts else None
+    reason = None
+    if last and last.status == "FAILED" and not (inp.fix_applied or "").strip():
+        reason = (
+            f"attempt {last.n} failed ({last.error}); say in fix_applied what you changed "
+            "before the next attempt"
+        )
+    else:
+        sources = session.sources_digest()
+        for a in attempts:
+            if a.status == "FAILED" and a.command == inp.command and a.sources_digest == sources:
+                reason = (
+                    f"attempt {a.n} already ran this command on these same source files and "
+                    f"failed ({a.error}); change the code or the command first"
+                )
+    if reason:
+        session.store.log(f"run_experiment refused: {reason}")
+        raise ToolError(f"Refused, not run: {reason}.")
+
+
+def _attempt_key(context, parameters) -> str:
+    return f"labrun-{parameters['session_id']}-attempt-{parameters['n']}"
+
+
+@task(
+    name="attempt",
+    task_run_name="attempt {n}",
+    cache_key_fn=_attempt_key,
+    persist_result=True,
+)
+def experiment_attempt(session_id: str, workspace: str, n: int) -> dict:
+    session = Session.get(workspace)
+    attempt = session.state.attempts[n - 1]
+    log = session.ws.root / attempt.log
+    result = run_command(
+        attempt.command,
+        session.ws.root,
+        log,
+        timeout_s=session.time_limit_s,
+        max_output_bytes=MAX_OUTPUT_BYTES,
+        on_start=lambda pgid: session.update_attempt(n, pgid=pgid),
+    )
+    status, error, metrics, outputs = judge(session, attempt, result)
+    session.update_attempt(
+        n,
+        status=status,
+        exit_code=result.exit_code,
+        duration_s=round(result.duration_s, 2),
+        error=error,
+        metrics=metrics,
+        outputs=outputs,
+        pgid=None,
+    )
+    return session.state.attempts[n - 1].model_dump()
+
+
+def judge(session: Session, attempt: Attempt, result) -> tuple[str, str | None, dict, list[str]]:
+    """FAILED on a non-zero exit, a traceback, a missing declared output or a NaN metric."""
+    root = session.ws.root
+    errors: list[str] = []
+    if result.timed_out or result.too_much_output:
+        errors.append(result.output.rsplit("\n", 1)[-1].strip("[]"))
+    elif result.exit_code != 0:
+        errors.append(f"exit code {result.exit_code}")
+    full = (root / attempt.log).read_text(errors="replace")
+    if "Traceback (most recent call last)" in full or (errors and ERROR_LINE.search(full)):
+        found = ERROR_LINE.findall(full)
+        errors.insert(0, found[-1][0].strip() if found else "a Python traceback")
+    outputs = [p for p in attempt.outputs if (root / p).exists()]
+    errors += [f"declared output {p} is missing" for p in attempt.outputs if p not in outputs]
+    metrics: dict = {}
+    if attempt.metrics_file:
+        path = root / attempt.metrics_file
+        try:
+            metrics = parse_metrics(path)
+        except FileNotFoundError:
+            errors.append(f"metrics file {path.name} is missing")
+        except ValueError as e:  # json.JSONDecodeError is a ValueError
+            errors.append(f"metrics file {path.name} is unreadable: {e}")
+        bad = [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
+        errors += [f"metric {k} is {metrics[k]}" for k in bad]
+        metrics = {k: (str(v) if k in bad else v) for k, v in metrics.items()}
+    if errors:
+        return "FAILED", "; ".join(dict.fromkeys(errors)), metrics, outputs
+    return "SUCCESS", None, metrics, outputs
+

@@ -1,0 +1,103 @@
+"""A phase as a cached Prefect task: it gives the agent only this phase's prompt, runs the
+conversation (continuing a half-done one), and returns a manifest of what it produced.
+
+The cache key is the session, the phase, the phase's version and the digests of the
+upstream manifests, never the flow run, so any later run of the session skips it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from prefect import task
+
+from labrun import prompts
+from labrun.agents import make_model
+from labrun.journal import Conversation, phase_usage
+from labrun.session import Session, workspace_files
+from labrun.tools import ToolBox, tool_specs
+from labrun.turns import run_turns
+from phases import BY_KEY
+
+
+def phase_version(session: Session, key: str) -> str:
+    """What shapes the phase's work: its templates, the tools, the agent's settings."""
+    model = make_model(session.state.agent, session.state.model)
+    parts = [
+        prompts.template_sources(key, session.idea.guidance_domain),
+        json.dumps(tool_specs(), sort_keys=True),
+        json.dumps({"agent": session.state.agent, **model.settings}, sort_keys=True),
+    ]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def manifest_digest(manifest: dict[str, Any]) -> str:
+    produced = {"files": manifest["files"], "sections": manifest["sections"]}
+    return hashlib.sha256(json.dumps(produced, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _cache_key(context, p: dict[str, Any]) -> str:
+    return f"labrun-{p['session_id']}-{p['phase_key']}-{p['version']}-{p['upstream']}"
+
+
+@task(
+    name="phase",
+    task_run_name="{number}-{phase_key}",
+    cache_key_fn=_cache_key,
+    persist_result=True,
+)
+def run_phase(session_id: str, workspace: str, phase_key: str, number: int, version: str,
+              upstream: str, rerun: bool = False) -> dict[str, Any]:
+    """`rerun`: the phase must run again (its outputs, or an upstream phase's, changed)."""
+    session = Session.get(workspace)
+    phase = BY_KEY[phase_key]
+    phase_dir = session.ws.phase_dir(phase_key)
+    key = _cache_key(None, {"session_id": session_id, "phase_key": phase_key,
+                            "version": version, "upstream": upstream})
+    record = session.state.phases[phase_key]
+    record.runs += 1
+    convo = Conversation.latest(phase_dir)
+    if convo is not None and convo.completed and convo.completed.get("key") == key \
+            and not rerun:
+        # Finished, but the engine died before Prefect committed the result.
+        session.store.set_phase(phase_key, "IN PROGRESS", f"phase {number} {phase_key} found finished in its journal")
+        return convo.completed
+    if convo is not None and convo.completed is None and convo.turns:
+        interrupted = convo.unanswered_tool_uses()
+        for block in interrupted:
+            convo.add_tool_result(block["id"], block["name"], prompts.interrupted_tool(block["name"]), True)
+        if convo.completion() is None:
+            convo.add_user_text(prompts.resume_note(phase_key, [b["name"] for b in interrupted]))
+        event = f"phase {number} {phase_key} resumed at turn {convo.turns + 1} (run {record.runs})"
+    else:
+        if convo is None or convo.completed is not None:
+            convo = Conversation.start(phase_dir)
+        system = prompts.system_prompt(phase_key, session.idea.as_prompt_dict(),
+                                       session.idea.guidance_domain, prompts.digest(session.state))
+        convo.append({"kind": "system", "text": system,
+                      "files_before": workspace_files(session.ws.root)})
+        convo.add_user_text(prompts.kickoff(phase_key))
+        event = f"phase {number} {phase_key} started (run {record.runs})"
+    session.store.set_phase(phase_key, "IN PROGRESS", event)
+
+    start = next(r for r in convo.records if r["kind"] == "system")
+    if convo.completion() is None:
+        toolbox = ToolBox(session, phase)
+        model = make_model(session.state.agent, session.state.model, session.ws.root)
+        run_turns(model, toolbox, convo, start["text"], session.max_turns(phase), session.budget())
+    completion = convo.completion()
+
+    files_now = workspace_files(session.ws.root)
+    manifest = {
+        "phase": phase_key,
+        "key": key,
+        "summary": completion.get("summary", ""),
+        "files": {k: v for k, v in files_now.items() if start["files_before"].get(k) != v},
+        "sections": sorted(k for k, v in (completion.get("sections") or {}).items() if v),
+        "usage": phase_usage(phase_dir).model_dump(),
+    }
+    session.finish_phase(phase_key, manifest)
+    convo.complete(manifest)
+    return manifest
