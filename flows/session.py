@@ -12,6 +12,7 @@ from typing import Any
 from prefect import flow
 from prefect.states import State
 
+from labrun.artifacts import SessionArtifacts
 from labrun.session import Session
 from phases import PHASES
 from phases.phase import manifest_digest, phase_version, run_phase
@@ -25,15 +26,17 @@ class SessionStopped(Exception):
 def research_session(
     idea_path: str | None,
     workspace: str,
-    agent: str = "scripted",
+    agent: str | None = None,
     model: str | None = None,
     budget_usd: float | None = None,
     max_turns: int | None = None,
 ) -> dict[str, Any]:
     session = Session.open(workspace, idea_path, agent, model, budget_usd, max_turns)
+    artifacts = SessionArtifacts.attach(session)  # STATE.md, attempts, progress, usage in the UI
     try:
         return run_session(session)
     finally:
+        artifacts.close()
         session.close()
 
 

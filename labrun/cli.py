@@ -18,8 +18,8 @@ from rich.table import Table
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 DEMO_IDEA = EXAMPLES / "demo_noise_averaging.yaml"
 
-console = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+console = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 class CliError(Exception):
@@ -75,6 +75,10 @@ def parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="the whole flow offline, with the scripted agent")
     demo.add_argument("workspace", nargs="?", default="labrun-demo")
     demo.set_defaults(handler=cmd_demo)
+
+    from labrun.server import add_parsers as add_server_commands  # `server`, `queue`
+
+    add_server_commands(sub)
     return p
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from labrun.commands import kill_group
 from labrun.idea import Idea, load_idea
 from labrun.state import Attempt, SessionState, StateStore, now
-from labrun.journal import phase_usage
+from labrun.journal import Conversation, phase_usage
 from labrun.usage import Budget, Usage
 from labrun.workspace import Workspace, write_json
 from phases import PHASES, Phase
@@ -52,13 +52,14 @@ def workspace_files(root: Path) -> dict[str, str]:
     return found
 
 
-def changed_outputs(manifest: dict[str, Any], recorded: dict[str, str], root: Path) -> list[str]:
+def changed_outputs(manifest: dict[str, Any], recorded: dict[str, str], root: Path,
+                    missing_only: bool = False) -> list[str]:
     """Files a finished phase produced that are gone, or differ from the last digest any
     finished phase recorded for them."""
     changed = []
     for rel in manifest.get("files", {}):
         path = root / rel
-        if not path.is_file() or sha256_file(path) != recorded.get(rel):
+        if not path.is_file() or (not missing_only and sha256_file(path) != recorded.get(rel)):
             changed.append(rel)
     return changed
 
@@ -229,7 +230,19 @@ class Session:
         manifest = self.manifest(phase_key)
         if manifest is None:
             return []
-        return changed_outputs(manifest, self.state.file_digests, self.ws.root)
+        # A phase cut off mid-way may have edited earlier outputs, as later phases may; its
+        # edits are not recorded until it finishes, so only a missing file counts then.
+        return changed_outputs(manifest, self.state.file_digests, self.ws.root,
+                               missing_only=self.open_phase() is not None)
+
+    def open_phase(self) -> str | None:
+        """The phase whose conversation a crash cut off, if any."""
+        for p in PHASES:
+            if self.state.phases[p.key].status != "DONE":
+                convo = Conversation.latest(self.ws.phase_dir(p.key))
+                if convo is not None and convo.completed is None:
+                    return p.key
+        return None
 
     def finish_phase(self, phase_key: str, manifest: dict[str, Any]) -> None:
         with self.store._lock:

@@ -58,6 +58,11 @@ def _metrics(messages: list[dict]) -> dict:
     return json.loads(found.group(0)) if found else {}
 
 
+def _attempt_metrics(messages: list[dict]) -> str:
+    found = re.search(r"^Metrics: (.*)$", _last_result(messages), flags=re.M)
+    return found.group(1) if found else "none (the last run_experiment call did not run)"
+
+
 def _title(system: str) -> str:
     found = re.search(r"^\s*(?:\*\*)?Title(?:\*\*)?:\s*(.+)$", system, flags=re.M | re.I)
     return found.group(1).strip() if found else "the idea"
@@ -105,9 +110,8 @@ SCRIPT: dict[str, list[Step]] = {
                          outputs=["results/metrics.json", "results/rmse_by_k.csv"],
                          metrics_file="results/metrics.json",
                          fix_applied="rmse_for divided by len(error), an undefined name; now len(errors)")],
-        lambda r: [_call("complete_phase", summary="The second attempt succeeded.", sections={
-            "experiment_results": "Attempt results (from the run's metrics):\n\n"
-            + re.search(r"^Metrics: (.*)$", _last_result(r.messages), flags=re.M).group(1)})],
+        lambda r: [_call("complete_phase", summary="The last attempt succeeded.", sections={
+            "experiment_results": "Metrics of the last attempt: " + _attempt_metrics(r.messages)})],
     ],
     "analysis": [
         lambda r: [_call("bash", command="python3 src/analyze.py")],
@@ -164,7 +168,7 @@ class ScriptedModel:
         content: list[dict] = [{"type": "text", "text": f"[scripted agent] {phase}, step {turn}."}]
         for i, (name, inp) in enumerate(calls):
             if (kind := self._fault_for(phase, turn)) == "hang-attempt" and name == "run_experiment":
-                inp = {**inp, "command": f"touch .labrun/faults/{phase}-{turn}.reached && sleep 600 && {inp['command']}"}
+                inp = {**inp, "command": f"mkdir -p .labrun/faults && touch .labrun/faults/{phase}-{turn}.reached && sleep 600 && {inp['command']}"}
             content.append({"type": "tool_use", "id": f"toolu_{phase}_{turn}_{i}", "name": name, "input": inp})
         prompt_chars = len(request.system) + len(json.dumps(request.messages))
         return ModelReply(

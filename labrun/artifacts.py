@@ -1,0 +1,222 @@
+"""What the Prefect UI shows of a session: STATE.md, the attempts, the progress across the
+six phases, and tokens and cost, as artifacts of the session's flow run.
+
+Each artifact has a fixed key per session (`labrun-<session id>-state`, `-attempts`,
+`-progress`, `-usage`), so the UI's Artifacts page keeps a version per run of the session
+(a resume, a retry from the UI); within a run that version is updated in place.
+
+Publishing is cheap for the engine: the StateStore listener only marks the artifacts
+stale; a background thread reads the session's files (state.json and STATE.md are written
+atomically, journals are append-only) and sends what changed, at most once per interval,
+and once more when the run ends. A server that does not answer never stops a session: the
+artifacts just stop updating, with a warning in the log. Every string is redacted.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import os
+import threading
+from typing import Any
+from uuid import UUID
+
+from labrun.secrets import redact
+from labrun.session import Session
+from labrun.state import SessionState
+from labrun.status import session_status
+
+log = logging.getLogger("labrun")
+
+DEFAULT_INTERVAL_S = 2.0
+CELL_CHARS = 300
+ATTEMPT_COLUMNS = ("attempt", "phase", "status", "command", "exit code", "duration (s)",
+                   "error", "fix applied", "metrics")
+USAGE_COLUMNS = ("phase", "status", "runs", "input tokens", "output tokens",
+                 "cache read tokens", "cache write tokens", "cost (USD)")
+
+
+def artifact_key(session_id: str, kind: str) -> str:
+    """Artifact keys allow lowercase letters, digits and dashes; session ids are hex."""
+    return f"labrun-{session_id}-{kind}"
+
+
+def _cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value
+    text = redact(value if isinstance(value, str) else str(value))
+    return text if len(text) <= CELL_CHARS else text[: CELL_CHARS - 1] + "…"
+
+
+def attempts_table(report: dict[str, Any]) -> dict[str, list[Any]]:
+    """Columns → values, so that the columns show even before the first attempt."""
+    table: dict[str, list[Any]] = {c: [] for c in ATTEMPT_COLUMNS}
+    for a in report["attempts"]:
+        metrics = ", ".join(f"{k}={v}" for k, v in (a["metrics"] or {}).items())
+        row = (a["n"], a["phase"], a["status"], a["command"], a["exit_code"], a["duration_s"],
+               a["error"], a["fix_applied"], metrics)
+        for column, value in zip(ATTEMPT_COLUMNS, row):
+            table[column].append(_cell(value))
+    return table
+
+
+def usage_table(report: dict[str, Any]) -> dict[str, list[Any]]:
+    table: dict[str, list[Any]] = {c: [] for c in USAGE_COLUMNS}
+    rows = [(p["key"], p["status"], p["runs"], p["usage"]) for p in report["phases"]]
+    rows.append(("session", "complete" if report["session"]["complete"] else "", "", report["usage"]))
+    for key, status, runs, u in rows:
+        values = (key, status, runs, u["input_tokens"], u["output_tokens"],
+                  u["cache_read_input_tokens"], u["cache_creation_input_tokens"],
+                  round(u["cost_usd"], 6))
+        for column, value in zip(USAGE_COLUMNS, values):
+            table[column].append(_cell(value))
+    return table
+
+
+def progress(report: dict[str, Any]) -> float:
+    """Per cent of the six phases done."""
+    phases = report["phases"]
+    return round(100.0 * sum(p["status"] == "DONE" for p in phases) / len(phases), 1)
+
+
+class SessionArtifacts:
+    """Publishes one session's artifacts while a flow run works on it."""
+
+    def __init__(self, session: Session, interval_s: float | None = None):
+        self.session = session
+        self.ws = session.ws
+        self.session_id = session.state.session_id
+        self.title = session.state.title
+        self.interval_s = (float(os.environ.get("LABRUN_ARTIFACTS_INTERVAL_S", DEFAULT_INTERVAL_S))
+                           if interval_s is None else interval_s)
+        self.ids: dict[str, UUID] = {}
+        self.sent: dict[str, Any] = {}
+        self.publishes = 0
+        self._stale = threading.Event()
+        self._stop = threading.Event()
+        self._send_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._broken = False
+
+    @classmethod
+    def attach(cls, session: Session, interval_s: float | None = None) -> "SessionArtifacts":
+        """Create the artifacts for this run (call it inside the flow run) and follow every
+        save of the session's state."""
+        publisher = cls(session, interval_s)
+        publisher.start()
+        session.store.listeners.append(publisher)
+        return publisher
+
+    # -- the StateStore listener: must cost next to nothing --------------------------------
+
+    def __call__(self, state: SessionState) -> None:
+        self._stale.set()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        try:
+            self._create()
+        except Exception as e:  # the UI's view is never worth a session
+            self._give_up(e)
+            return
+        run = contextvars.copy_context()  # the thread talks to the same API
+        self._thread = threading.Thread(target=run.run, args=(self._loop,), daemon=True,
+                                        name=f"labrun-artifacts-{self.session_id}")
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop following the session, after sending its final state."""
+        if self in self.session.store.listeners:
+            self.session.store.listeners.remove(self)
+        self._stop.set()
+        self._stale.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            if self._thread.is_alive():
+                return
+        self.flush()
+
+    def flush(self) -> None:
+        if self._broken:
+            return
+        try:
+            self._update()
+        except Exception as e:
+            self._give_up(e)
+
+    # -- publishing ------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._stale.wait()
+            if self._stop.is_set():
+                return
+            self._stale.clear()
+            self.flush()
+            if self._broken:
+                return
+            self._stop.wait(self.interval_s)
+
+    def views(self) -> dict[str, Any]:
+        report = session_status(self.ws.root)
+        return {
+            "state": redact(self.ws.state_md.read_text(encoding="utf-8")),
+            "attempts": attempts_table(report),
+            "progress": progress(report),
+            "usage": usage_table(report),
+        }
+
+    def _create(self) -> None:
+        from prefect.artifacts import (
+            create_markdown_artifact,
+            create_progress_artifact,
+            create_table_artifact,
+        )
+
+        views = self.views()
+        title = redact(self.title)
+        key = lambda kind: artifact_key(self.session_id, kind)  # noqa: E731
+        with self._send_lock:
+            self.ids["state"] = create_markdown_artifact(
+                views["state"], key=key("state"),
+                description=f"STATE.md of the labrun session {self.session_id}: {title}")
+            self.ids["progress"] = create_progress_artifact(
+                views["progress"], key=key("progress"),
+                description=f"Phases done of six, session {self.session_id}")
+            self.ids["attempts"] = create_table_artifact(
+                views["attempts"], key=key("attempts"),
+                description=f"Experiment attempts of session {self.session_id}")
+            self.ids["usage"] = create_table_artifact(
+                views["usage"], key=key("usage"),
+                description=f"Tokens and cost per phase of session {self.session_id}")
+            self.sent = views
+            self.publishes += 1
+
+    def _update(self) -> None:
+        from prefect.artifacts import MarkdownArtifact, ProgressArtifact, TableArtifact
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.actions import ArtifactUpdate
+
+        views = self.views()
+        changed = {k: v for k, v in views.items() if self.sent.get(k) != v}
+        if not changed:
+            return
+        formats = {
+            "state": lambda v: MarkdownArtifact(markdown=v).format(),
+            "progress": lambda v: ProgressArtifact(progress=v).format(),
+            "attempts": lambda v: TableArtifact(table=v).format(),
+            "usage": lambda v: TableArtifact(table=v).format(),
+        }
+        with self._send_lock, get_client(sync_client=True) as client:
+            for kind, value in changed.items():
+                client.update_artifact(self.ids[kind], ArtifactUpdate(data=formats[kind](value)))
+                self.sent[kind] = value
+            self.publishes += 1
+
+    def _give_up(self, error: Exception) -> None:
+        self._broken = True
+        log.warning("the Prefect UI's artifacts of session %s stopped updating: %s",
+                    self.session_id, redact(str(error).splitlines()[0] if str(error) else type(error).__name__))
