@@ -58,16 +58,18 @@ def run_command(
     if on_start:
         on_start(proc.pid)
     timed_out = too_much = False
-    while proc.poll() is None:
-        if time.monotonic() - start > timeout_s:
-            timed_out = True
-        elif log_path.stat().st_size > max_output_bytes:
-            too_much = True
+    while True:
+        try:
+            proc.wait(timeout=0.1)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        timed_out = time.monotonic() - start > timeout_s
+        too_much = log_path.stat().st_size > max_output_bytes
         if timed_out or too_much:
             kill_group(proc.pid)
             proc.wait()
             break
-        time.sleep(0.02)
     kill_group(proc.pid)  # nothing the command started outlives it
     duration = time.monotonic() - start
     _redact_file(log_path)

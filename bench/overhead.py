@@ -1,0 +1,161 @@
+"""The engine's own overhead, with a zero-latency agent (the scripted one).
+
+Prints one table, measured side by side in one run:
+- a full six-phase session through the engine (Prefect tasks, journal, STATE.md, attempts)
+  against the same work as plain Python calls (the same scripted replies, files written and
+  commands run directly, nothing recorded);
+- the resume of a finished session: a fresh flow run reading all six phases from the cache,
+  and `labrun resume`'s no-op check;
+- one experiment attempt through `run_experiment` (RUNNING → Prefect subtask → FAILED or
+  SUCCESS in STATE.md) against `subprocess.run` of the same command.
+
+Run: `python bench/overhead.py [--repeat N]` (uses a throwaway Prefect home).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="labrun-bench-"))
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+os.environ["PREFECT_LOGGING_LEVEL"] = "WARNING"
+
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+IDEA = REPO / "examples" / "demo_noise_averaging.yaml"
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def engine_session(ws: Path) -> None:
+    from flows.session import research_session
+
+    state = research_session(str(IDEA), str(ws), "scripted", return_state=True)
+    assert state.is_completed(), state.message
+
+
+def engine_resume(ws: Path) -> None:
+    from flows.session import research_session
+
+    assert research_session(None, str(ws), return_state=True).is_completed()
+
+
+def cli_noop_resume(ws: Path) -> None:
+    from labrun.status import finished_and_intact
+
+    assert finished_and_intact(ws)
+
+
+def plain_session(ws: Path) -> None:
+    """The same scripted work, as plain calls: no Prefect, no journal, no STATE.md."""
+    from labrun import prompts
+    from labrun.agents.scripted import SCRIPT, ScriptedModel
+    from labrun.idea import load_idea
+    from labrun.model import ModelRequest
+    from labrun.tools import tool_specs
+
+    idea = load_idea(IDEA)
+    model = ScriptedModel(latency_s=0)
+    ws.mkdir(parents=True)
+    for key, steps in SCRIPT.items():
+        system = prompts.system_prompt(key, idea.as_prompt_dict(), idea.guidance_domain, "")
+        messages: list[dict] = [{"role": "user", "content": [{"type": "text", "text": prompts.kickoff(key)}]}]
+        for _ in steps:
+            reply = model.complete(ModelRequest(system=system, messages=messages, tools=tool_specs()))
+            messages.append({"role": "assistant", "content": reply.content})
+            results = []
+            for block in reply.content:
+                if block["type"] == "tool_use":
+                    results.append({"type": "tool_result", "tool_use_id": block["id"],
+                                    "content": plain_tool(ws, block["name"], block["input"])})
+            messages.append({"role": "user", "content": results})
+
+
+def plain_tool(ws: Path, name: str, inp: dict) -> str:
+    if name == "str_replace_based_edit_tool":
+        path = ws / inp["path"]
+        if inp["command"] == "create":
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(inp["file_text"])
+        else:
+            path.write_text(path.read_text().replace(inp["old_str"], inp["new_str"]))
+        return "ok"
+    if name in ("bash", "run_experiment"):
+        done = subprocess.run(["bash", "-c", inp["command"]], cwd=ws, capture_output=True, text=True)
+        metrics = (ws / inp["metrics_file"]).read_text() if done.returncode == 0 and inp.get("metrics_file") else "{}"
+        return done.stdout + done.stderr + f"\nMetrics: {metrics}"
+    return "ok"
+
+
+def engine_attempt(ws: Path, n: int) -> None:
+    from labrun.session import Session
+    from labrun.tools import ToolBox
+    from phases import BY_KEY
+
+    session = Session.open(ws)
+    try:
+        box = ToolBox(session, BY_KEY["experiments"])
+        result = box.call("run_experiment", {"command": "python3 -c 'print(1)'", "purpose": f"bench {n}"})
+        assert "SUCCESS" in result.content, result.content
+    finally:
+        session.close()
+
+
+def plain_attempt(ws: Path) -> None:
+    subprocess.run(["bash", "-c", "python3 -c 'print(1)'"], cwd=ws, capture_output=True, check=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    console = Console()
+    root = Path(tempfile.mkdtemp(prefix="labrun-bench-ws-"))
+
+    engine_session(root / "warm-up")  # starts the embedded Prefect server once
+    rows: dict[str, tuple[list[float], list[float]]] = {
+        "full six-phase session": ([], []),
+        "resume of a finished session (flow run, all cached)": ([], []),
+        "resume of a finished session (`labrun resume` check)": ([], []),
+        "one experiment attempt": ([], []),
+    }
+    for i in range(args.repeat):
+        ws = root / f"engine-{i}"
+        rows["full six-phase session"][0].append(timed(lambda: engine_session(ws)))
+        rows["full six-phase session"][1].append(timed(lambda: plain_session(root / f"plain-{i}")))
+        rows["resume of a finished session (flow run, all cached)"][0].append(timed(lambda: engine_resume(ws)))
+        rows["resume of a finished session (flow run, all cached)"][1].append(0.0)
+        rows["resume of a finished session (`labrun resume` check)"][0].append(timed(lambda: cli_noop_resume(ws)))
+        rows["resume of a finished session (`labrun resume` check)"][1].append(0.0)
+        rows["one experiment attempt"][0].append(timed(lambda: engine_attempt(ws, i)))
+        rows["one experiment attempt"][1].append(timed(lambda: plain_attempt(ws)))
+
+    table = Table(title=f"labrun engine overhead, scripted agent with zero latency (median of {args.repeat})")
+    for col in ("work", "engine (s)", "plain Python (s)", "overhead (s)", "ratio"):
+        table.add_column(col, justify="right" if col != "work" else "left")
+    for name, (engine, plain) in rows.items():
+        e, p = statistics.median(engine), statistics.median(plain)
+        table.add_row(name, f"{e:.3f}", f"{p:.3f}", f"{e - p:.3f}", f"{e / p:.1f}×" if p else "—")
+    console.print(table)
+    console.print("Plain Python does the same scripted work (same replies, same files, same commands) "
+                  "without Prefect, the journal or STATE.md; a finished session has no plain-Python "
+                  "equivalent of a resume, so its overhead is its whole time.")
+
+
+if __name__ == "__main__":
+    main()
