@@ -10,9 +10,11 @@ import argparse
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -245,11 +247,17 @@ def _quiet_prefect_console() -> None:
             root.removeHandler(handler)
 
 
-def _configure_logging() -> None:
-    from rich.logging import RichHandler
+class _Progress(logging.Handler):
+    """Engine events and turns, one line each, on stderr."""
 
-    handler = RichHandler(console=err, show_path=False, show_level=False, markup=False)
-    handler.setFormatter(logging.Formatter("%(message)s"))
+    def emit(self, record: logging.LogRecord) -> None:
+        colour = "yellow" if record.levelno >= logging.WARNING else "dim"
+        stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
+        err.print(f"[{colour}]{stamp}[/{colour}] {escape(record.getMessage())}")
+
+
+def _configure_logging() -> None:
+    handler = _Progress()
     log = logging.getLogger("labrun")
     log.setLevel(logging.INFO)
     log.addHandler(handler)

@@ -13,7 +13,7 @@ from typing import Any
 
 from labrun.commands import kill_group
 from labrun.idea import Idea, load_idea
-from labrun.state import Attempt, SessionState, StateStore, now
+from labrun.state import Attempt, SessionState, StateStore
 from labrun.journal import Conversation, phase_usage
 from labrun.usage import Budget, Usage
 from labrun.workspace import Workspace, write_json
@@ -182,7 +182,7 @@ class Session:
                 sources_digest=self.sources_digest(),
             )
             self.state.attempts.append(attempt)
-            self.state.worklog.append(f"{now()} — attempt {n} started: {inp.command}")
+            self.store.event(f"attempt {n} started: {inp.command}")
             self.store.save()
         return attempt
 
@@ -192,9 +192,8 @@ class Session:
             for k, v in fields.items():
                 setattr(attempt, k, v)
             if "status" in fields:
-                self.state.worklog.append(
-                    f"{now()} — attempt {n} {attempt.status}"
-                    + (f": {attempt.error}" if attempt.error else "")
+                self.store.event(
+                    f"attempt {n} {attempt.status}" + (f": {attempt.error}" if attempt.error else "")
                 )
             self.store.save()
 
@@ -217,9 +216,7 @@ class Session:
         with self.store._lock:
             self.state.sections.update(sections)
             if sections:
-                self.state.worklog.append(
-                    f"{now()} — {phase_key} gave sections: {', '.join(sections)}"
-                )
+                self.store.event(f"{phase_key} gave sections: {', '.join(sections)}")
             self.store.save()
 
     def manifest(self, phase_key: str) -> dict[str, Any] | None:

@@ -7,6 +7,7 @@ never writes either: its contributions arrive through `complete_phase` sections.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from datetime import datetime, timezone
@@ -20,6 +21,7 @@ from labrun.secrets import redact
 from labrun.workspace import Workspace, write_atomic
 from phases import PHASES, SECTION_TITLES
 
+log = logging.getLogger("labrun")
 PhaseStatus = Literal["pending", "IN PROGRESS", "DONE", "FAILED"]
 AttemptStatus = Literal["RUNNING", "FAILED", "SUCCESS", "INTERRUPTED"]
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
@@ -150,9 +152,15 @@ class StateStore:
             for listener in self.listeners:
                 listener(self.state)
 
-    def log(self, event: str) -> None:
+    def event(self, text: str) -> None:
+        """A Worklog line (saved with the next `save`), shown as progress too."""
+        text = redact(text)
+        self.state.worklog.append(f"{now()} — {text}")
+        log.info(text)
+
+    def log(self, text: str) -> None:
         with self._lock:
-            self.state.worklog.append(f"{now()} — {redact(event)}")
+            self.event(text)
             self.save()
 
     def set_phase(self, key: str, status: PhaseStatus, event: str, error: str | None = None) -> None:
@@ -160,8 +168,7 @@ class StateStore:
             record = self.state.phases[key]
             record.status = status
             record.error = error
-            if event:
-                self.state.worklog.append(f"{now()} — {redact(event)}")
+            self.event(event)
             self.save()
 
 

@@ -101,15 +101,18 @@ def run_turns(model: Model, toolbox: ToolBox, convo: Conversation, system: str, 
         for block in tool_uses:
             result = toolbox.call(block["name"], block.get("input") or {})
             convo.add_tool_result(block["id"], block["name"], result.content, result.is_error)
-        _report(phase, convo, tool_uses, budget.used)
+        _report(toolbox, convo, tool_uses, budget.used)
         if not tool_uses and toolbox.completed is None:
             missing = toolbox.session.missing_for(toolbox.phase, toolbox.session.state.sections)
             convo.add_user_text(prompts.nudge(phase, "; ".join(missing)))
 
 
-def _report(phase: str, convo: Conversation, tool_uses: list[dict], used: Usage) -> None:
+def _report(toolbox: ToolBox, convo: Conversation, tool_uses: list[dict], used: Usage) -> None:
     tools = ", ".join(b["name"] for b in tool_uses) or "no tool"
+    attempts = toolbox.session.state.attempts
+    failed = sum(a.status == "FAILED" for a in attempts)
     log.info(
-        "%s · turn %d · %s · %s tokens · $%.4f",
-        phase, convo.turns, tools, f"{used.total_tokens:,}", used.cost_usd,
+        "%s · turn %d · %s · attempts %d (%d failed) · %s tokens · $%.4f",
+        toolbox.phase.key, convo.turns, tools, len(attempts), failed,
+        f"{used.total_tokens:,}", used.cost_usd,
     )

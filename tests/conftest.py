@@ -63,3 +63,23 @@ def wait_for(predicate, timeout: float = 120, what: str = "condition") -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def alive(pid: int) -> bool:
+    """True while the process runs (a zombie left for a non-reaping init does not count)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def group_alive(pgid: int) -> bool:
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
