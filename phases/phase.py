@@ -14,21 +14,20 @@ from typing import Any
 from prefect import task
 
 from labrun import prompts
-from labrun.agents import make_model
+from labrun.agents import make_agent
 from labrun.journal import Conversation, phase_usage
 from labrun.session import Session, workspace_files
 from labrun.tools import ToolBox, tool_specs
-from labrun.turns import run_turns
 from phases import BY_KEY
 
 
 def phase_version(session: Session, key: str) -> str:
     """What shapes the phase's work: its templates, the tools, the agent's settings."""
-    model = make_model(session.state.agent, session.state.model)
+    agent = make_agent(session.state.agent, session.state.model)
     parts = [
         prompts.template_sources(key, session.idea.guidance_domain),
         json.dumps(tool_specs(), sort_keys=True),
-        json.dumps({"agent": session.state.agent, **model.settings}, sort_keys=True),
+        json.dumps({"agent": session.state.agent, **agent.settings}, sort_keys=True),
     ]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
@@ -85,8 +84,8 @@ def run_phase(session_id: str, workspace: str, phase_key: str, number: int, vers
     start = next(r for r in convo.records if r["kind"] == "system")
     if convo.completion() is None:
         toolbox = ToolBox(session, phase)
-        model = make_model(session.state.agent, session.state.model, session.ws.root)
-        run_turns(model, toolbox, convo, start["text"], session.max_turns(phase), session.budget())
+        agent = make_agent(session.state.agent, session.state.model, session.ws.root)
+        agent.run_phase(toolbox, convo, start["text"], session.max_turns(phase), session.budget())
     completion = convo.completion()
 
     files_now = workspace_files(session.ws.root)

@@ -1,11 +1,24 @@
-"""Agent backends. Each offers the tools of DESIGN.md; the scripted one is an offline
-stand-in for demos and tests."""
+"""Agent backends. Each offers the tools of DESIGN.md and runs one phase at a time; the
+scripted one is an offline stand-in for demos and tests.
+
+The seam is `Agent.run_phase`: drive the phase's conversation until `complete_phase`
+succeeds (then `toolbox.completed` is set), saving every completed step in `convo` as it
+goes, so that a later call with the same journal continues where this one stopped. A model
+API backend only translates one call (`labrun.model.Model`) and gets the durable turn loop
+from `ModelAgent`; an agent with its own loop (a coding CLI) implements `run_phase` itself.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from labrun.model import Model
+
+if TYPE_CHECKING:
+    from labrun.journal import Conversation
+    from labrun.tools import ToolBox
+    from labrun.usage import Budget
 
 AGENTS = ("anthropic", "claude-code", "scripted")
 
@@ -14,15 +27,36 @@ class AgentUnavailable(Exception):
     pass
 
 
-def make_model(agent: str, model: str | None = None, workspace: str | Path | None = None) -> Model:
+class Agent(Protocol):
+    settings: dict[str, Any]
+    """What changes the agent's work (kind, model, limits that matter); part of a phase's version."""
+
+    def run_phase(self, toolbox: "ToolBox", convo: "Conversation", system: str, max_turns: int,
+                  budget: "Budget") -> None: ...
+
+
+class ModelAgent:
+    """An agent made of a model API and labrun's durable turn loop."""
+
+    def __init__(self, model: Model):
+        self.model = model
+        self.settings = dict(model.settings)
+
+    def run_phase(self, toolbox, convo, system, max_turns, budget) -> None:
+        from labrun.turns import run_turns
+
+        run_turns(self.model, toolbox, convo, system, max_turns, budget)
+
+
+def make_agent(agent: str, model: str | None = None, workspace: str | Path | None = None) -> Agent:
     if agent == "scripted":
         from labrun.agents.scripted import ScriptedModel
 
-        return ScriptedModel(workspace)
+        return ModelAgent(ScriptedModel(workspace))
     if agent == "anthropic":
         from labrun.agents.anthropic import AnthropicModel
 
-        return AnthropicModel(model)
+        return ModelAgent(AnthropicModel(model))
     if agent == "claude-code":
         raise AgentUnavailable("the claude-code agent is not available in this version yet; use --agent anthropic or scripted")
     raise AgentUnavailable(f"unknown agent {agent!r}; choose one of {', '.join(AGENTS)}")
