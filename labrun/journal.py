@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from labrun.secrets import redact
+from labrun.secrets import redact_data
 from labrun.usage import Usage
 
 
@@ -49,6 +49,7 @@ class Conversation:
     # -- writing ---------------------------------------------------------------------------
 
     def append(self, record: dict[str, Any]) -> None:
+        record = redact_data(record)
         line = json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as f:
@@ -68,7 +69,7 @@ class Conversation:
     def add_tool_result(self, tool_use_id: str, name: str, content: str, is_error: bool) -> None:
         self.append(
             {"kind": "tool_result", "tool_use_id": tool_use_id, "name": name,
-             "content": redact(content), "is_error": is_error}
+             "content": content, "is_error": is_error}
         )
 
     def complete(self, manifest: dict[str, Any]) -> None:

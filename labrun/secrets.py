@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Any
 
 SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", re.I)
 # Strings shaped like a credential even when no variable holds them.
@@ -32,10 +33,19 @@ def redact(text: str) -> str:
     return SECRET_SHAPES.sub(REDACTED, text)
 
 
-def scrubbed_env(allow: tuple[str, ...] = ()) -> dict[str, str]:
-    """The environment for agent commands: no secrets unless explicitly allowed."""
-    return {
-        k: v
-        for k, v in os.environ.items()
-        if k in allow or not SECRET_NAME.search(k)
-    }
+def redact_data(data: Any) -> Any:
+    """`redact` applied to every string in JSON-like data."""
+    if isinstance(data, str):
+        return redact(data)
+    if isinstance(data, list):
+        return [redact_data(v) for v in data]
+    if isinstance(data, dict):
+        return {k: redact_data(v) for k, v in data.items()}
+    return data
+
+
+def scrubbed_env() -> dict[str, str]:
+    """The environment for agent commands: no secrets, except those the user passes on by
+    name in LABRUN_PASS_ENV (comma-separated) because the idea needs them."""
+    allow = {n.strip() for n in os.environ.get("LABRUN_PASS_ENV", "").split(",") if n.strip()}
+    return {k: v for k, v in os.environ.items() if k in allow or not SECRET_NAME.search(k)}

@@ -18,6 +18,7 @@ from prefect.context import FlowRunContext, TaskRunContext
 from prefect.logging.handlers import APILogHandler
 
 from labrun import prompts
+from labrun.crashpoints import crashpoint
 from labrun.journal import Conversation
 from labrun.model import Model, ModelReply, ModelRequest, TransientModelError
 from labrun.tools import ToolBox, tool_specs
@@ -68,6 +69,7 @@ def _is_transient(task, task_run, state) -> bool:
     persist_result=False,
 )
 def model_call(model: Model, request: ModelRequest, phase: str, turn: int) -> ModelReply:
+    crashpoint("model-call")
     try:
         return model.complete(request)
     except TransientModelError as e:
@@ -96,6 +98,7 @@ def run_turns(model: Model, toolbox: ToolBox, convo: Conversation, system: str, 
         request = ModelRequest(system=system, messages=convo.messages(), tools=specs)
         reply = model_call(model, request, phase=phase, turn=convo.turns + 1)
         convo.add_reply(reply.content, reply.usage, reply.stop_reason)
+        crashpoint("reply-saved")
         budget.spend(reply.usage)
         tool_uses = [b for b in reply.content if b.get("type") == "tool_use"]
         for block in tool_uses:

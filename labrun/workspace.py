@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from labrun.crashpoints import crashpoint
+
 
 class WorkspaceBusy(Exception):
     pass
@@ -79,6 +81,7 @@ def write_atomic(path: Path, text: str) -> None:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
+    crashpoint("atomic-write")
     os.replace(tmp, path)
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:

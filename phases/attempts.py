@@ -14,6 +14,7 @@ from prefect import task
 from prefect.transactions import CommitMode, transaction
 
 from labrun.commands import run_command
+from labrun.crashpoints import crashpoint
 from labrun.session import Session
 from labrun.state import Attempt
 from labrun.tools import RunExperimentInput, ToolError, parse_metrics
@@ -75,7 +76,7 @@ def experiment_attempt(session_id: str, workspace: str, n: int) -> dict:
         log,
         timeout_s=session.time_limit_s,
         max_output_bytes=MAX_OUTPUT_BYTES,
-        on_start=lambda pgid: session.update_attempt(n, pgid=pgid),
+        on_start=lambda pgid: (session.update_attempt(n, pgid=pgid), crashpoint("attempt")),
     )
     status, error, metrics, outputs = judge(session, attempt, result)
     session.update_attempt(

@@ -15,6 +15,7 @@ from prefect import task
 
 from labrun import prompts
 from labrun.agents import make_agent
+from labrun.crashpoints import crashpoint
 from labrun.journal import Conversation, phase_usage
 from labrun.session import Session, workspace_files
 from labrun.tools import ToolBox, tool_specs
@@ -73,11 +74,14 @@ def run_phase(session_id: str, workspace: str, phase_key: str, number: int, vers
     else:
         if convo is None or convo.completed is not None:
             convo = Conversation.start(phase_dir)
-        system = prompts.system_prompt(phase_key, session.idea.as_prompt_dict(),
-                                       session.idea.guidance_domain, prompts.digest(session.state))
-        convo.append({"kind": "system", "text": system,
-                      "files_before": workspace_files(session.ws.root)})
-        convo.add_user_text(prompts.kickoff(phase_key))
+        # A phase cut off before its first reply keeps its prompt: the same request is asked again.
+        if not any(r["kind"] == "system" for r in convo.records):
+            system = prompts.system_prompt(phase_key, session.idea.as_prompt_dict(),
+                                           session.idea.guidance_domain, prompts.digest(session.state))
+            convo.append({"kind": "system", "text": system,
+                          "files_before": workspace_files(session.ws.root)})
+        if not any(r["kind"] == "user" for r in convo.records):
+            convo.add_user_text(prompts.kickoff(phase_key))
         event = f"phase {number} {phase_key} started (run {record.runs})"
     session.store.set_phase(phase_key, "IN PROGRESS", event)
 
@@ -99,4 +103,5 @@ def run_phase(session_id: str, workspace: str, phase_key: str, number: int, vers
     }
     session.finish_phase(phase_key, manifest)
     convo.complete(manifest)
+    crashpoint("phase-end")  # Prefect commits the cached result after this returns
     return manifest

@@ -135,6 +135,20 @@ SCRIPT: dict[str, list[Step]] = {
 }
 
 
+def _step(messages: list[dict]) -> int:
+    """Which step comes next: a turn whose tool call a crash cut off is done again, as an
+    agent would after checking the workspace."""
+    done = 0
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        answer = messages[i + 1]["content"] if i + 1 < len(messages) else []
+        cut_off = any(b.get("type") == "tool_result" and b.get("is_error") and "cut off" in str(b.get("content"))
+                      for b in answer)
+        done += not cut_off
+    return done
+
+
 def phase_of(system: str) -> str:
     """The phase key, from the system prompt's first line: `# Phase N of 6: key`."""
     found = re.match(r"# Phase \d of 6: (\w+)", system)
@@ -164,19 +178,24 @@ class ScriptedModel:
         if self.latency_s:
             time.sleep(self.latency_s)
         steps = SCRIPT[phase]
-        calls = steps[min(turn, len(steps)) - 1](request)
+        calls = steps[min(_step(request.messages), len(steps) - 1)](request)
         content: list[dict] = [{"type": "text", "text": f"[scripted agent] {phase}, step {turn}."}]
         for i, (name, inp) in enumerate(calls):
             if (kind := self._fault_for(phase, turn)) == "hang-attempt" and name == "run_experiment":
                 inp = {**inp, "command": f"mkdir -p .labrun/faults && touch .labrun/faults/{phase}-{turn}.reached && sleep 600 && {inp['command']}"}
             content.append({"type": "tool_use", "id": f"toolu_{phase}_{turn}_{i}", "name": name, "input": inp})
         prompt_chars = len(request.system) + len(json.dumps(request.messages))
-        return ModelReply(
-            content=content,
-            stop_reason="tool_use",
-            model="scripted",
-            usage=Usage(input_tokens=prompt_chars // 4, output_tokens=len(json.dumps(content)) // 4),
-        )
+        usage = Usage(input_tokens=prompt_chars // 4, output_tokens=len(json.dumps(content)) // 4)
+        self._bill(phase, turn, usage)
+        return ModelReply(content=content, stop_reason="tool_use", model="scripted", usage=usage)
+
+    def _bill(self, phase: str, turn: int, usage: Usage) -> None:
+        """Keep the stand-in provider's own bill, so tests can check labrun's totals against it."""
+        if self.faults_dir is None:
+            return
+        self.faults_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.faults_dir / "billed.jsonl", "a") as f:
+            f.write(json.dumps({"phase": phase, "turn": turn, **usage.model_dump()}) + "\n")
 
     # -- fault injection (tests) -----------------------------------------------------------
 
