@@ -42,6 +42,19 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         err.print("[yellow]labrun: interrupted; resume with `labrun resume WORKSPACE`[/yellow]")
         return 130
+    except Exception as e:  # a damaged session file: say which, never a traceback
+        from labrun.journal import JournalCorrupt
+
+        if isinstance(e, JournalCorrupt):
+            err.print(f"[red]labrun:[/red] {e}")
+            return 2
+        if type(e).__name__ == "ValidationError" or isinstance(e, (ValueError, OSError)):
+            where = getattr(args, "workspace", None) or getattr(args, "idea", "")
+            err.print(f"[red]labrun:[/red] {where}: cannot read the session's files ({type(e).__name__}: "
+                      f"{str(e).splitlines()[0] if str(e) else ''}); restore .labrun/state.json from a backup "
+                      "or start a new workspace")
+            return 2
+        raise
 
 
 def parser() -> argparse.ArgumentParser:

@@ -349,9 +349,9 @@ def _message(err: dict[str, Any]) -> str:
     if kind in _EXPECTED:
         return f"must be {_EXPECTED[kind]} (got {_show(got)})"
     if kind == "string_too_short":
-        return f"must be at least {ctx['min_length']} characters (got {len(got)})"
+        return f"must be at least {ctx['min_length']} characters (got {len(str(got))})"
     if kind == "string_too_long":
-        return f"must be at most {ctx['max_length']} characters (got {len(got)})"
+        return f"must be at most {ctx['max_length']} characters (got {len(str(got))})"
     if kind == "too_short":
         return f"must have at least {ctx['min_length']} item(s) (got {ctx.get('actual_length')})"
     if kind == "literal_error":

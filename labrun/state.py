@@ -147,7 +147,7 @@ class StateStore:
 
     def save(self) -> None:
         with self._lock:
-            write_atomic(self.ws.state_file, self.state.model_dump_json(indent=2))
+            write_atomic(self.ws.state_file, redact(self.state.model_dump_json(indent=2)))
             write_atomic(self.ws.state_md, render_state_md(self.state, str(self.ws.root)))
             for listener in self.listeners:
                 listener(self.state)
