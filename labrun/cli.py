@@ -193,7 +193,8 @@ def cmd_run(args) -> int:
         console.print(f"{args.workspace} holds a session of this idea: resuming it.")
     elif Path(args.workspace).exists() and any(Path(args.workspace).iterdir()):
         console.print(f"[yellow]note:[/yellow] {args.workspace} is not empty; the agent will work beside what is there.")
-    agent = args.agent or ("scripted" if not state_file.is_file() else None)
+    # A new session defaults to the real agent; an existing one keeps its own.
+    agent = args.agent or ("anthropic" if not state_file.is_file() else None)
     return _run_flow(args.idea, args.workspace, agent, args.model, args.budget_usd, args.max_turns)
 
 
@@ -229,7 +230,9 @@ def _run_flow(idea_path, workspace, agent, model, budget_usd, max_turns) -> int:
     from labrun.agents import AgentUnavailable
     from labrun.workspace import WorkspaceBusy
 
-    if agent == "anthropic":
+    state_file = Path(workspace) / ".labrun" / "state.json"
+    effective = agent or (json.loads(state_file.read_text())["agent"] if state_file.is_file() else None)
+    if effective == "anthropic":
         from labrun.agents.anthropic import check_credentials
 
         try:

@@ -60,7 +60,7 @@ def check_invariants(ws: Path, seen: dict) -> None:
 
 def test_crash_campaign(tmp_path, prefect_api):
     reference = tmp_path / "reference"
-    done = labrun("run", str(DEMO_IDEA), "--workspace", str(reference))
+    done = labrun("run", str(DEMO_IDEA), "--workspace", str(reference), "--agent", "scripted")
     assert done.returncode == 0, done.stderr
     expected = workspace_files(reference)
 
@@ -72,7 +72,7 @@ def test_crash_campaign(tmp_path, prefect_api):
         for _ in range(40):
             point = rng.choice(sorted(POINTS))
             crash_at = f"{point}:{rng.randint(1, POINTS[point])}"
-            result = labrun("run", str(DEMO_IDEA), "--workspace", str(ws), env={"LABRUN_CRASH_AT": crash_at})
+            result = labrun("run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted", env={"LABRUN_CRASH_AT": crash_at})
             assert result.returncode in (0, KILLED), f"seed {seed}, {crash_at}: {result.stderr}"
             assert "Traceback" not in result.stderr
             kills += result.returncode == KILLED

@@ -85,7 +85,7 @@ def test_any_tool_input_from_the_model_gives_a_result(session, prefect_api, name
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory, prefect_api):
     ws = tmp_path_factory.mktemp("done") / "ws"
-    result = labrun("run", str(DEMO_IDEA), "--workspace", str(ws))
+    result = labrun("run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted")
     assert result.returncode == 0, result.stderr
     return ws
 
@@ -150,7 +150,7 @@ def test_secrets_planted_everywhere_never_come_out(tmp_path, prefect_api):
     idea_file.write_text(yaml.safe_dump(idea))
     ws = tmp_path / "ws"
     env = {"ANTHROPIC_API_KEY": key, "GITHUB_TOKEN": token, "DB_PASSWORD": env_only}
-    result = labrun("run", str(idea_file), "--workspace", str(ws), env=env)
+    result = labrun("run", str(idea_file), "--workspace", str(ws), "--agent", "scripted", env=env)
     assert result.returncode == 0, result.stderr
     for planted in (key, token, env_only):
         assert planted not in result.stdout + result.stderr

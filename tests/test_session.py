@@ -153,7 +153,7 @@ def _kill(proc) -> None:
 def test_kill_9_mid_turn_then_resume(tmp_path, prefect_api):
     ws = tmp_path / "ws"
     marker = ws / ".labrun/faults/experiments-3.reached"
-    proc = start_labrun("run", str(DEMO_IDEA), "--workspace", str(ws),
+    proc = start_labrun("run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted",
                         env={"LABRUN_SCRIPTED_FAULTS": "hang@experiments:3"})
     wait_for(marker.exists, what="the scripted agent to hang in experiments turn 3")
     _kill(proc)
@@ -175,7 +175,7 @@ def test_kill_9_mid_turn_then_resume(tmp_path, prefect_api):
 def test_kill_9_mid_attempt_marks_it_interrupted_and_kills_its_processes(tmp_path, prefect_api):
     ws = tmp_path / "ws"
     marker = ws / ".labrun/faults/experiments-1.reached"
-    proc = start_labrun("run", str(DEMO_IDEA), "--workspace", str(ws),
+    proc = start_labrun("run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted",
                         env={"LABRUN_SCRIPTED_FAULTS": "hang-attempt@experiments:1"})
     wait_for(marker.exists, what="the first attempt to start")
     wait_for(lambda: status(ws)["attempts"] and json.loads(

@@ -121,3 +121,12 @@ def test_complete_phase_says_what_is_missing(session, prefect_api):
     assert session.state.sections["research_specification"] == "Q?"
     exp = box(session, "experiments").call("complete_phase", {"summary": "x", "sections": {"experiment_results": "r"}})
     assert exp.is_error and "SUCCESS" in exp.content
+
+
+def test_an_attempt_that_floods_its_output_is_stopped_with_a_clear_error(session, prefect_api, monkeypatch):
+    from phases import attempts
+
+    monkeypatch.setattr(attempts, "MAX_OUTPUT_BYTES", 200_000)
+    result = box(session).call("run_experiment", {"command": "yes flood", "purpose": "flood"})
+    assert "Attempt 1: FAILED" in result.content
+    assert "wrote more than 200000 bytes of output" in result.content
