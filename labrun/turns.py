@@ -20,7 +20,7 @@ from prefect.logging.handlers import APILogHandler
 from labrun import prompts
 from labrun.crashpoints import crashpoint
 from labrun.journal import Conversation
-from labrun.model import Model, ModelReply, ModelRequest, TransientModelError
+from labrun.model import Model, ModelReply, ModelRequest, TransientModelError, UsageWindowSpent
 from labrun.tools import ToolBox, tool_specs
 from labrun.usage import Budget, Usage
 
@@ -42,6 +42,7 @@ if not any(isinstance(h, APILogHandler) for h in log.handlers):  # e.g. PREFECT_
 RETRY_BASE_S = float(os.environ.get("LABRUN_RETRY_BASE_S", "2"))
 RETRY_DELAYS = [RETRY_BASE_S * 2**i for i in range(8)]
 JITTER = 0.5
+LONG_WAIT_S = 600
 
 
 class PhaseStopped(Exception):
@@ -73,6 +74,9 @@ def model_call(model: Model, request: ModelRequest, phase: str, turn: int) -> Mo
     try:
         return model.complete(request)
     except TransientModelError as e:
+        if e.retry_after and e.retry_after > LONG_WAIT_S:
+            # A reset hours away is a spent usage window: wait for it without holding retries.
+            raise UsageWindowSpent(str(e), resets_at=time.time() + e.retry_after) from None
         if e.retry_after:
             # Prefect's delays are fixed in advance: wait out the rest of retry-after here.
             ctx = TaskRunContext.get()
