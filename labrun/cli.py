@@ -117,8 +117,10 @@ def cmd_check(args) -> int:
     for warning in idea.warnings:
         err.print(f"[yellow]warning:[/yellow] {args.idea}: {warning}")
     budget = f"${idea.budget_usd:g}" if idea.budget_usd is not None else "none"
+    from labrun.prompts import guidance_domain
+
     console.print(f"{args.idea}: valid · {idea.title} · domain {idea.domain} "
-                  f"(guidance: {idea.guidance_domain}) · budget {budget}")
+                  f"(guidance: {guidance_domain(idea.guidance_domain)}) · budget {budget}")
     return 0
 
 
