@@ -37,6 +37,13 @@ def prefect_api() -> str:
     os.environ["PREFECT_API_URL"] = server.api_url
     with temporary_settings({PREFECT_API_URL: server.api_url}):
         yield server.api_url
+        # Send what this process still holds (logs, events) while the server is up; else the
+        # interpreter's exit retries it against a stopped server for a minute or more.
+        from prefect.events.worker import EventsWorker
+        from prefect.logging.handlers import APILogWorker
+
+        APILogWorker.drain_all(timeout=10)
+        EventsWorker.drain_all(timeout=10)
     server.stop()
 
 
