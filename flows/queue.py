@@ -44,6 +44,9 @@ def experiment_queue(
         except IdeaError as e:
             log.error("%s: not queued: %s", path.name, "; ".join(e.problems))
             continue
+        except Exception as e:  # one unreadable file does not hold up the others
+            log.error("%s: not queued: cannot read it (%s: %s)", path.name, type(e).__name__, e)
+            continue
         workspace = workspace_for(path, idea.content_hash, root)
         if (workspace / ".labrun" / "state.json").is_file() and finished_and_intact(workspace):
             continue  # done already (queued some other way)

@@ -12,8 +12,11 @@ from typing import Any
 from prefect import flow
 from prefect.states import State
 
+from labrun.agents import AgentUnavailable
 from labrun.artifacts import SessionArtifacts
+from labrun.model import UsageWindowSpent
 from labrun.session import Session
+from labrun.windows import wait_out
 from phases import PHASES
 from phases.phase import manifest_digest, phase_version, run_phase
 
@@ -51,7 +54,7 @@ def run_session(session: Session) -> dict[str, Any]:
             store.log(f"phase {phase.number} {phase.key}: outputs changed ({', '.join(changed[:5])}); running it again")
         refresh = refresh or bool(changed)
         task = run_phase.with_options(result_storage=ws.results, refresh_cache=refresh)
-        state: State = task(
+        params = dict(
             session_id=session.state.session_id,
             workspace=str(ws.root),
             phase_key=phase.key,
@@ -59,11 +62,17 @@ def run_session(session: Session) -> dict[str, Any]:
             version=phase_version(session, phase.key),
             upstream="-".join(upstream) or "none",
             rerun=refresh,
-            return_state=True,
         )
+        state: State = task(**params, return_state=True)
+        while isinstance(spent := _exception(state), UsageWindowSpent):
+            # On a worker this reschedules the flow run for the reset time and exits instead.
+            wait_out(spent, f"phase {phase.number} {phase.key}", store)
+            state = task(**params, return_state=True)  # resumes the phase from its journal
         if not state.is_completed():
             error = _reason(state)
             store.set_phase(phase.key, "FAILED", f"phase {phase.number} {phase.key} failed: {error}", error)
+            if isinstance(_exception(state), AgentUnavailable):
+                raise _exception(state)  # its message says what to install or run
             raise SessionStopped(f"phase {phase.key} stopped: {error}")
         manifest = state.result()
         cached = state.name == "Cached"
@@ -75,6 +84,16 @@ def run_session(session: Session) -> dict[str, Any]:
         upstream.append(manifest_digest(manifest))
     store.log("session complete")
     return {"session": session.state.session_id, "complete": True}
+
+
+def _exception(state: State) -> BaseException | None:
+    if state.is_completed():
+        return None
+    try:
+        state.result()
+    except BaseException as e:
+        return e
+    return None
 
 
 def _reason(state: State) -> str:

@@ -241,6 +241,13 @@ def _run_flow(idea_path, workspace, agent, model, budget_usd, max_turns) -> int:
             check_credentials()
         except Exception as e:
             raise CliError(str(e)) from None
+    if effective == "claude-code":
+        from labrun.agents import make_agent
+
+        try:
+            make_agent(effective, model)  # finds `claude`, or says how to install it
+        except AgentUnavailable as e:
+            raise CliError(str(e)) from None
     from flows.session import research_session
 
     _quiet_prefect_console()

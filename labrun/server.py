@@ -21,8 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -37,6 +36,7 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4200
 DEFAULT_SESSION_SLOTS = 4
 DEFAULT_MODEL_API_SLOTS = 4
+MODEL_API_LEASE_S = 60
 DEFAULT_CRASH_AFTER_S = 90
 """Three missed heartbeats at the 30 s that prefect.yaml sets."""
 IDEA_SUFFIXES = (".yaml", ".yml")
@@ -106,10 +106,31 @@ def model_api_slot() -> Iterator[None]:
         yield
         return
     from prefect.concurrency.sync import concurrency
+    from prefect.concurrency.asyncio import ConcurrencySlotAcquisitionError
 
-    ensure_global_limit(MODEL_API_LIMIT, int(os.environ.get("LABRUN_MODEL_API_SLOTS", DEFAULT_MODEL_API_SLOTS)))
-    with concurrency(MODEL_API_LIMIT, occupy=1, strict=True):
+    def slot():
+        # strict: no slot, no call. A renewal hiccup during a long call does not end the
+        # call; the lease of a dead engine's slot lapses within a minute.
+        return concurrency(MODEL_API_LIMIT, occupy=1, strict=True, lease_duration=MODEL_API_LEASE_S,
+                           raise_on_lease_renewal_failure=False)
+
+    slots = int(os.environ.get("LABRUN_MODEL_API_SLOTS", DEFAULT_MODEL_API_SLOTS))
+    ensure_global_limit(MODEL_API_LIMIT, slots)
+    with ExitStack() as stack:
+        try:
+            stack.enter_context(slot())
+        except ConcurrencySlotAcquisitionError:
+            # deleted since this process made sure of it: make it again, then take a slot
+            _forget_limit(MODEL_API_LIMIT)
+            ensure_global_limit(MODEL_API_LIMIT, slots)
+            stack.enter_context(slot())
         yield
+
+
+def _forget_limit(name: str) -> None:
+    with _limits_lock:
+        for key in [k for k in _limits_ready if k[1] == name]:
+            _limits_ready.discard(key)
 
 
 # -- what the deployments rely on ----------------------------------------------------------
@@ -238,6 +259,8 @@ def port_in_use(host: str, port: int) -> bool:
 
 
 def healthy(api_url: str, timeout_s: float = 2.0) -> bool:
+    import urllib.request
+
     try:
         with urllib.request.urlopen(f"{api_url}/health", timeout=timeout_s) as r:
             return r.status == 200
@@ -288,23 +311,76 @@ def start_worker(env: dict[str, str], log: Path | None = None, pool: str = POOL,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (Linux /proc; [] elsewhere). Workers start each flow run
+    in a session of its own, so a process group does not hold them."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, stack = [], [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is dead
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
 def stop(proc: subprocess.Popen | None, grace_s: float = 15) -> None:
-    """SIGINT the process group, then SIGKILL whatever is left after `grace_s`."""
+    """SIGINT the process group, SIGKILL what is left of it after `grace_s`; then end the
+    processes it started in sessions of their own (a worker's flow runs) the same way."""
     if proc is None or proc.poll() is not None:
         return
+    below = descendants(proc.pid)
     try:
         os.killpg(proc.pid, signal.SIGINT)
     except ProcessLookupError:
-        return
+        pass
     try:
         proc.wait(grace_s)
     except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    left = [p for p in below if _alive(p)]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in left:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(_alive(p) for p in left):
+            time.sleep(0.2)
+        left = [p for p in left if _alive(p)]
+        if not left:
+            return
 
 
 @contextmanager
@@ -367,18 +443,22 @@ def flow_run_url(flow_run_id) -> str:
     return url_for("flow-run", obj_id=flow_run_id) or str(flow_run_id)
 
 
-def retry_like_the_ui(flow_run_id):
-    """What the Retry button of Prefect's UI does: the run goes to AwaitingRetry and its
-    worker runs it again; finished phases come from the cache."""
+def retry_like_the_ui(flow_run_id, ui: str = "v2"):
+    """What the Retry button of Prefect's UI does: the same flow run goes to AwaitingRetry
+    and a worker runs it again; finished phases come from the cache. Prefect 3.9 serves two
+    UIs: V2 (the default from `/`) forces the new state, V1 (`/runs/flow-run/<id>`, the
+    links `labrun queue` prints) lets the server's orchestration rules accept it."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.objects import StateType
     from prefect.states import State
 
+    if ui not in ("v1", "v2"):
+        raise ValueError(f"ui must be v1 or v2, not {ui!r}")
     with get_client(sync_client=True) as client:
         return client.set_flow_run_state(
             flow_run_id,
             State(type=StateType.SCHEDULED, name="AwaitingRetry", message="Retry from the UI"),
-            force=True,
+            force=(ui == "v2"),
         )
 
 
@@ -439,6 +519,10 @@ def cmd_queue(args) -> int:
                 err.print(f"[red]{path}: not queued[/red]")
                 for problem in e.problems:
                     err.print(f"  {problem}")
+                continue
+            except Exception as e:  # an idea the checker itself chokes on
+                invalid += 1
+                err.print(f"[red]{path}: not queued: cannot read it ({type(e).__name__}: {e})[/red]")
                 continue
             workspace = workspace_for(path, idea.content_hash, root)
             if (workspace / ".labrun" / "state.json").is_file() and finished_and_intact(workspace):

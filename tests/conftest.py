@@ -7,11 +7,7 @@ the `labrun` processes the tests start, through PREFECT_API_URL.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import tempfile
-import time
-from pathlib import Path
 
 import pytest
 
@@ -20,10 +16,6 @@ os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ["LABRUN_RETRY_BASE_S"] = "0.05"
 os.environ.pop("PREFECT_API_URL", None)
-
-REPO = Path(__file__).resolve().parents[1]
-EXAMPLES = REPO / "examples"
-DEMO_IDEA = EXAMPLES / "demo_noise_averaging.yaml"
 
 
 @pytest.fixture(scope="session")
@@ -45,48 +37,4 @@ def prefect_api() -> str:
         APILogWorker.drain_all(timeout=10)
         EventsWorker.drain_all(timeout=10)
     server.stop()
-
-
-def labrun(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run the `labrun` command line as a user would, in its own process."""
-    return subprocess.run(
-        [sys.executable, "-m", "labrun.cli", *args],
-        capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
-    )
-
-
-def start_labrun(*args: str, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "labrun.cli", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, **(env or {})},
-    )
-
-
-def wait_for(predicate, timeout: float = 120, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def alive(pid: int) -> bool:
-    """True while the process runs (a zombie left for a non-reaping init does not count)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def group_alive(pgid: int) -> bool:
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+    os.environ.pop("PREFECT_API_URL", None)

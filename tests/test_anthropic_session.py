@@ -22,7 +22,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from auto_responder import IDEA, TURNS, AutoResearcher, phase_and_turn  # noqa: E402
-from conftest import labrun, start_labrun, wait_for  # noqa: E402
+from support import labrun, start_labrun, wait_for  # noqa: E402
 from fake_messages_api import FakeMessagesAPI, count_tokens, prompt_blocks  # noqa: E402
 
 from labrun.journal import Conversation  # noqa: E402

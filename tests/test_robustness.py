@@ -13,7 +13,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import DEMO_IDEA, labrun
+from support import DEMO_IDEA, labrun
 from labrun.idea import IdeaError, load_idea
 from labrun.journal import Conversation, JournalCorrupt
 from labrun.session import Session

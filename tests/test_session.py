@@ -13,7 +13,7 @@ import signal
 import shutil
 from pathlib import Path
 
-from conftest import DEMO_IDEA, group_alive, labrun, start_labrun, wait_for
+from support import DEMO_IDEA, group_alive, labrun, start_labrun, wait_for
 from labrun.journal import Conversation
 from labrun.state import parse_state_md, phase_table
 from labrun.status import session_status

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from conftest import DEMO_IDEA, alive
+from support import DEMO_IDEA, alive
 from labrun import tools
 from labrun.session import Session
 from labrun.tools import ToolBox

@@ -58,5 +58,7 @@ def make_agent(agent: str, model: str | None = None, workspace: str | Path | Non
 
         return ModelAgent(AnthropicModel(model))
     if agent == "claude-code":
-        raise AgentUnavailable("the claude-code agent is not available in this version yet; use --agent anthropic or scripted")
+        from labrun.agents.claude_code import ClaudeCodeAgent
+
+        return ClaudeCodeAgent(model, workspace)
     raise AgentUnavailable(f"unknown agent {agent!r}; choose one of {', '.join(AGENTS)}")

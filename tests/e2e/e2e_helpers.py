@@ -1,0 +1,83 @@
+"""Helpers of the end-to-end tests (the fixtures are in conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+CRASH_AFTER_S = 45
+"""The zombie automation's window in these tests: heartbeats come every 30 s (prefect.yaml),
+so a run is Crashed 15–45 s after its worker dies."""
+FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+def client():
+    from prefect.client.orchestration import get_client
+
+    return get_client(sync_client=True)
+
+
+def read_run(flow_run_id):
+    with client() as c:
+        return c.read_flow_run(flow_run_id)
+
+
+def wait_for(flow_run_ids, states=FINAL, timeout_s: float = 240) -> dict[str, Any]:
+    """Poll until every run's state type is in `states`; returns id → FlowRun."""
+    ids = [str(i) for i in flow_run_ids]
+    deadline = time.monotonic() + timeout_s
+    runs: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        runs = {i: read_run(i) for i in ids}
+        if all(r.state and r.state.type.value in states for r in runs.values()):
+            return runs
+        time.sleep(1)
+    summary = {i: (r.name, r.state.type.value if r.state else None) for i, r in runs.items()}
+    raise AssertionError(f"runs not in {sorted(states)} after {timeout_s:.0f} s: {summary}")
+
+
+def task_runs(flow_run_id) -> list[Any]:
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with client() as c:
+        return c.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])), limit=200
+        )
+
+
+def status_json(workspace: Path, env: dict[str, str]) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-m", "labrun.cli", "status", str(workspace), "--json"],
+                         env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def labrun(*args: str, env: dict[str, str], cwd: Path | None = None,
+           check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "labrun.cli", *args], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"labrun {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+UUID_RE = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
+
+
+def idea_copy(folder: Path, name: str, title: str | None = None, source: str = "demo_noise_averaging.yaml") -> Path:
+    """An example idea under a new name; a new title makes it a new idea (new content)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    text = (EXAMPLES / source).read_text()
+    if title:
+        text = re.sub(r"(?m)^(\s*title:\s*).*$", lambda m: m.group(1) + json.dumps(title), text, count=1)
+    path = folder / name
+    path.write_text(text)
+    return path
+
+

@@ -1,0 +1,313 @@
+"""Server mode end to end: deployments on the `labrun` process pool, a queue of sessions
+running at once, a failed run retried the way the UI's Retry button does it, a worker
+killed mid-run, and two runs of one workspace."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from labrun import server as srv
+from labrun.artifacts import artifact_key
+
+from e2e_helpers import CRASH_AFTER_S, REPO, client, idea_copy, labrun, read_run, status_json, task_runs, wait_for
+
+FIRST_THREE = ("planning", "setup", "implementation")
+
+
+def phases(status: dict) -> dict[str, dict]:
+    return {p["key"]: p for p in status["phases"]}
+
+
+def latest_task_states(flow_run_id, since: datetime | None = None) -> dict[str, str]:
+    """Task run name → state name of the newest task run of that name (after `since`)."""
+    found: dict[str, tuple[datetime, str]] = {}
+    for t in task_runs(flow_run_id):
+        if since is not None and t.created < since:
+            continue
+        if t.name not in found or t.created > found[t.name][0]:
+            found[t.name] = (t.created, t.state.name if t.state else "")
+    return {k: v for k, (_, v) in found.items()}
+
+
+def test_deployments_from_prefect_yaml(prefect_server, deployed):
+    with client() as c:
+        session = c.read_deployment_by_name("research-session/default")
+        queue = c.read_deployment_by_name("experiment-queue/ideas-folder")
+        pool = c.read_work_pool("labrun")
+        sessions_queue = c.read_work_queue_by_name("sessions", work_pool_name="labrun")
+        limit = c.read_global_concurrency_limit_by_name(srv.MODEL_API_LIMIT)
+        automations = c.read_automations_by_name(srv.ZOMBIE_AUTOMATION)
+    assert pool.type == "process"
+    assert session.work_pool_name == "labrun" and session.work_queue_name == "sessions"
+    assert session.entrypoint == "flows/session.py:research_session"
+    assert {"idea_path", "workspace", "agent", "model"} <= set(session.parameter_openapi_schema["properties"])
+    # no network in the pull step: the worker runs the flows from this clone
+    assert session.pull_steps == [
+        {"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}
+    ]
+    assert session.job_variables["env"]["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] == "30"
+    assert sessions_queue.concurrency_limit == 4
+    assert limit.limit >= 1 and limit.active
+    assert len(automations) == 1
+    assert [s.schedule.cron for s in queue.schedules] == ["*/10 * * * *"]
+
+
+def test_three_sessions_at_once_and_a_retry_from_the_ui(prefect_server, three_sessions):
+    s = three_sessions
+    runs = {name: read_run(rid) for name, rid in s.runs.items()}
+    for name, run in runs.items():
+        expected = "FAILED" if name == s.failing else "COMPLETED"
+        assert run.state.type.value == expected, (name, run.state)
+    # they ran at the same time: each started before another one ended
+    spans = sorted((r.start_time, r.end_time) for r in runs.values())
+    assert all(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:])), spans
+
+    failed_id = s.runs[s.failing]
+    failed = runs[s.failing]
+    assert "injected failure at experiments turn 3" in (failed.state.message or "") + json.dumps(
+        status_json(s.workspaces[s.failing], prefect_server.env)["phases"])
+    before = status_json(s.workspaces[s.failing], prefect_server.env)
+    p = phases(before)
+    assert [p[k]["status"] for k in FIRST_THREE] == ["DONE"] * 3
+    assert p["experiments"]["status"] == "FAILED"
+    assert [(a["n"], a["status"]) for a in before["attempts"]] == [(1, "FAILED")]
+
+    # Retry, as the Retry button of the run's page (V1 UI) does it: the same flow run goes
+    # to AwaitingRetry, unforced. (The crash test below retries as the V2 UI does.)
+    retried_at = datetime.now(timezone.utc)
+    result = srv.retry_like_the_ui(failed_id, ui="v1")
+    assert result.status.value == "ACCEPT", result
+    run = wait_for([failed_id], timeout_s=180)[failed_id]
+    assert run.state.type.value == "COMPLETED", run.state
+    assert run.run_count == 2 and str(run.id) == failed_id
+
+    # The finished phases were cache hits in the retry; the failed one really ran again.
+    states = latest_task_states(failed_id, since=retried_at)
+    for number, key in enumerate(FIRST_THREE, 1):
+        assert states[f"{number}-{key}"] == "Cached", states
+    for name in ("4-experiments", "5-analysis", "6-documentation"):
+        assert states[name] == "Completed", states
+
+    after = status_json(s.workspaces[s.failing], prefect_server.env)
+    p_before, p_after = phases(before), phases(after)
+    for key in FIRST_THREE:
+        assert p_after[key]["runs"] == p_before[key]["runs"] == 1
+    assert p_after["experiments"]["runs"] == 2
+    assert after["session"]["complete"]
+    # The experiments phase went on at turn 3: attempt 1 was not tried again.
+    attempts = [(a["n"], a["status"]) for a in after["attempts"]]
+    assert attempts == [(1, "FAILED"), (2, "SUCCESS")], attempts
+    assert after["attempts"][1]["fix_applied"]
+    commands = [(a["command"], a["fix_applied"]) for a in after["attempts"]]
+    assert len(set(commands)) == len(commands)
+
+    # The UI shows the session: STATE.md, attempts, progress, tokens and cost.
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    sid = after["session"]["id"]
+    with client() as c:
+        versions = c.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=[artifact_key(sid, "state")])))
+        collections = {a.key: a for a in c.read_latest_artifacts(limit=200)}
+    assert len(versions) == 2, "one STATE.md version per run of the session"
+    state_md = collections[artifact_key(sid, "state")].data
+    assert (s.workspaces[s.failing] / "STATE.md").read_text() == state_md
+    assert "Phase 6 — documentation: DONE" in state_md
+    assert float(collections[artifact_key(sid, "progress")].data) == 100.0
+    attempts_table = json.loads(collections[artifact_key(sid, "attempts")].data)
+    assert attempts_table["status"] == ["FAILED", "SUCCESS"]
+    usage_table = json.loads(collections[artifact_key(sid, "usage")].data)
+    assert usage_table["phase"][-1] == "session"
+    assert usage_table["input tokens"][-1] == after["usage"]["input_tokens"]
+
+
+def test_experiment_queue_flow_submits_each_new_idea_once(prefect_server, worker, tmp_path):
+    from prefect.deployments import run_deployment
+
+    ideas = tmp_path / "ideas"
+    new = idea_copy(ideas, "fresh.yaml", "Queue test: a fresh idea")
+    (ideas / "broken.yaml").write_text('idea:\n  title: "An idea with no domain or hypothesis"\n')
+    root = tmp_path / "workspaces"
+
+    def queue_once():
+        run = run_deployment(srv.QUEUE_DEPLOYMENT, timeout=0, parameters={
+            "folder": str(ideas), "workspaces": str(root)})
+        return wait_for([run.id], timeout_s=120)[str(run.id)]
+
+    first = queue_once()
+    assert first.state.type.value == "COMPLETED", first.state
+    sessions = _session_runs_for(root)
+    assert len(sessions) == 1, sessions
+    (workspace, run_id), = sessions.items()
+    assert Path(workspace).name.startswith("fresh-")
+    second = queue_once()
+    assert second.state.type.value == "COMPLETED"
+    assert _session_runs_for(root) == sessions, "an idea is submitted once"
+    done = wait_for([run_id], timeout_s=180)[run_id]
+    assert done.state.type.value == "COMPLETED"
+    assert status_json(Path(workspace), prefect_server.env)["session"]["complete"]
+    assert new.exists()
+
+
+def _session_runs_for(root: Path) -> dict[str, str]:
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+
+    with client() as c:
+        runs = c.read_flow_runs(deployment_filter=DeploymentFilter(
+            name=DeploymentFilterName(any_=["default"])), limit=200)
+    return {r.parameters["workspace"]: str(r.id) for r in runs
+            if str(r.parameters.get("workspace", "")).startswith(str(root))}
+
+
+def test_dead_worker_run_is_crashed_then_retried_and_one_workspace_one_writer(
+        prefect_server, worker, tmp_path):
+    idea = idea_copy(tmp_path / "ideas", "crash.yaml", "Crash test: a worker that dies")
+    from labrun.idea import load_idea
+
+    ws = srv.workspace_for(idea, load_idea(idea).content_hash, tmp_path / "workspaces")
+    run = srv.submit_session(idea, ws, job_variables={"env": {
+        "LABRUN_SCRIPTED_FAULTS": "hang@experiments:1", "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}})
+    run_id = str(run.id)
+    marker = ws / ".labrun" / "faults" / "experiments-1.reached"
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert time.monotonic() < deadline, "the session never reached the hang"
+        assert read_run(run_id).state.type.value not in ("FAILED", "CRASHED", "COMPLETED")
+        time.sleep(0.5)
+    time.sleep(1)  # the hang is inside the model call of experiments turn 1
+    state_before = (ws / ".labrun" / "state.json").read_bytes()
+
+    # A second run of the same workspace, while the first holds it: refused, nothing written.
+    busy = srv.submit_session(idea, ws)
+    busy_run = wait_for([busy.id], timeout_s=120)[str(busy.id)]
+    assert busy_run.state.type.value == "FAILED"
+    assert "another labrun process" in busy_run.state.message, busy_run.state.message
+    assert "WorkspaceBusy" in busy_run.state.message
+    assert (ws / ".labrun" / "state.json").read_bytes() == state_before
+    assert read_run(run_id).state.type.value == "RUNNING"
+
+    # The machine dies: the worker and the flow run's process, kill -9.
+    killed_at = time.monotonic()
+    worker.kill_hard()
+    crashed = wait_for([run_id], states={"CRASHED", "FAILED", "COMPLETED"},
+                       timeout_s=CRASH_AFTER_S + 90)[run_id]
+    assert crashed.state.type.value == "CRASHED", crashed.state
+    assert "heartbeat" in crashed.state.message
+    crash_s = time.monotonic() - killed_at
+    assert crash_s <= CRASH_AFTER_S + 60
+    p = phases(status_json(ws, prefect_server.env))
+    assert p["experiments"]["status"] == "IN PROGRESS"
+
+    # A new worker; retry as the UI does: the run resumes and completes.
+    worker.start()
+    assert srv.retry_like_the_ui(run_id, ui="v2").status.value == "ACCEPT"
+    done = wait_for([run_id], timeout_s=180)[run_id]
+    assert done.state.type.value == "COMPLETED", done.state
+    status = status_json(ws, prefect_server.env)
+    p = phases(status)
+    assert status["session"]["complete"]
+    assert [p[k]["runs"] for k in FIRST_THREE] == [1, 1, 1]
+    assert p["experiments"]["runs"] == 2
+    assert [(a["n"], a["status"]) for a in status["attempts"]] == [(1, "FAILED"), (2, "SUCCESS")]
+    states = latest_task_states(run_id)
+    assert all(states[f"{n}-{k}"] == "Cached" for n, k in enumerate(FIRST_THREE, 1)), states
+
+
+def test_model_api_limit(prefect_server, deployed):
+    """In server mode each model call holds a slot of `labrun-model-api` (created when it
+    is missing); without a server it does nothing."""
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with client() as c:
+        c.delete_global_concurrency_limit_by_name(srv.MODEL_API_LIMIT)
+    srv._limits_ready.clear()
+    with srv.model_api_slot():
+        with client() as c:
+            limit = c.read_global_concurrency_limit_by_name(srv.MODEL_API_LIMIT)
+        assert limit.active_slots == 1
+    with client() as c:
+        assert c.read_global_concurrency_limit_by_name(srv.MODEL_API_LIMIT).active_slots == 0
+        # deleted behind this process's back: made again, not skipped
+        c.delete_global_concurrency_limit_by_name(srv.MODEL_API_LIMIT)
+    with srv.model_api_slot():
+        with client() as c:
+            assert c.read_global_concurrency_limit_by_name(srv.MODEL_API_LIMIT).active_slots == 1
+    with client() as c:
+        c.update_global_concurrency_limit(srv.MODEL_API_LIMIT, GlobalConcurrencyLimitUpdate(limit=4))
+    with temporary_settings({PREFECT_API_URL: None}):
+        started = time.monotonic()
+        with srv.model_api_slot():
+            pass
+        assert time.monotonic() - started < 0.05
+
+
+def test_model_calls_take_the_model_api_limit(prefect_server, three_sessions):
+    source = (REPO / "labrun" / "turns.py").read_text()
+    if "model_api_slot" not in source:
+        pytest.skip("labrun/turns.py's model_call does not take labrun.server.model_api_slot() yet")
+    from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
+    from prefect.events.schemas.events import ResourceSpecification
+
+    with client() as c:
+        page = c.request("POST", "/events/filter", json={"filter": EventFilter(
+            event=EventNameFilter(name=["prefect.concurrency-limit.acquired"]),
+            resource=EventResourceFilter(labels=ResourceSpecification(
+                {"prefect.resource.name": srv.MODEL_API_LIMIT})),
+        ).model_dump(mode="json"), "limit": 50}).json()
+    # 3 sessions and a retry: dozens of model calls, each took a slot
+    assert page["total"] >= 30, page["total"]
+
+
+def test_labrun_server_command(tmp_path):
+    """`labrun server`: server, pool, limits, automation, deployments and a worker in one
+    command; a queued idea runs; Ctrl-C stops everything."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from e2e_helpers import EXAMPLES
+
+    port = srv.free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update({"PREFECT_HOME": str(tmp_path / "home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                "PREFECT_WORKER_QUERY_SECONDS": "1"})
+    log = open(tmp_path / "labrun-server.log", "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "labrun.cli", "server", "--port", str(port),
+                             "--sessions", "2"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True, text=True)
+    api_url = f"http://127.0.0.1:{port}/api"
+    try:
+        deadline = time.monotonic() + 240
+        while "labrun server ready" not in (tmp_path / "labrun-server.log").read_text():
+            assert proc.poll() is None, (tmp_path / "labrun-server.log").read_text()
+            assert time.monotonic() < deadline, (tmp_path / "labrun-server.log").read_text()
+            time.sleep(0.5)
+        out = (tmp_path / "labrun-server.log").read_text()
+        assert f"UI: http://127.0.0.1:{port}" in out
+        children = srv.descendants(proc.pid)
+        client_env = {**env, "PREFECT_API_URL": api_url}
+        queued = labrun("queue", str(EXAMPLES / "demo_noise_averaging.yaml"), "--workspaces",
+                        str(tmp_path / "ws"), env=client_env).stdout
+        from e2e_helpers import UUID_RE
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        run_id = UUID_RE.search(queued).group(0)
+        with temporary_settings({PREFECT_API_URL: api_url}):
+            assert wait_for([run_id], timeout_s=180)[run_id].state.type.value == "COMPLETED"
+            with client() as c:
+                assert c.read_work_queue_by_name("sessions", work_pool_name="labrun").concurrency_limit == 2
+                assert c.read_global_concurrency_limit_by_name(srv.MODEL_API_LIMIT)
+                assert c.read_automations_by_name(srv.ZOMBIE_AUTOMATION)
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in its terminal
+        code = proc.wait(60)
+    assert code == 0, (tmp_path / "labrun-server.log").read_text()
+    assert not srv.healthy(api_url)
+    assert not [p for p in children if srv._alive(p)], "a process outlived `labrun server`"

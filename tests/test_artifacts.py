@@ -1,0 +1,83 @@
+"""The session's artifacts for the Prefect UI (labrun.artifacts), without a server: what
+they hold, that secrets stay out, that following the state costs the engine next to
+nothing, and that a server that does not answer never stops a session."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from labrun import artifacts
+from labrun.session import Session
+from labrun.tools import RunExperimentInput
+
+DEMO_IDEA = Path(__file__).resolve().parents[1] / "examples" / "demo_noise_averaging.yaml"
+
+
+@pytest.fixture
+def session(tmp_path):
+    s = Session.open(tmp_path / "ws", DEMO_IDEA, "scripted")
+    yield s
+    s.close()
+
+
+def test_views_hold_state_md_attempts_progress_and_usage(session, monkeypatch):
+    monkeypatch.setenv("LAB_SERVICE_TOKEN", "tok-123456789-secret")
+    session.new_attempt("experiments", RunExperimentInput(
+        command="python3 run.py --token tok-123456789-secret", purpose="p"))
+    session.update_attempt(1, status="FAILED", error="exit code 1", exit_code=1)
+    session.store.set_phase("planning", "DONE", "phase 1 planning finished")
+    views = artifacts.SessionArtifacts(session).views()
+
+    assert views["state"] == (session.ws.root / "STATE.md").read_text()
+    assert views["progress"] == pytest.approx(100 / 6, abs=0.1)
+    table = views["attempts"]
+    assert list(table) == list(artifacts.ATTEMPT_COLUMNS)
+    assert table["status"] == ["FAILED"] and table["exit code"] == [1]
+    assert "tok-123456789-secret" not in repr(views)
+    assert "[REDACTED]" in table["command"][0]
+    usage = views["usage"]
+    assert usage["phase"] == ["planning", "setup", "implementation", "experiments", "analysis",
+                              "documentation", "session"]
+    assert usage["status"][0] == "DONE"
+
+
+def test_keys_are_fixed_per_session(session):
+    key = artifacts.artifact_key(session.state.session_id, "state")
+    assert key == f"labrun-{session.state.session_id}-state"
+    assert key.replace("-", "").isalnum() and key == key.lower()
+
+
+def test_following_the_state_is_cheap_and_throttled(session, monkeypatch):
+    calls = {"create": 0, "update": 0}
+    monkeypatch.setattr(artifacts.SessionArtifacts, "_create",
+                        lambda self: calls.__setitem__("create", calls["create"] + 1))
+    monkeypatch.setattr(artifacts.SessionArtifacts, "_update",
+                        lambda self: calls.__setitem__("update", calls["update"] + 1))
+    publisher = artifacts.SessionArtifacts.attach(session, interval_s=0.3)
+    started = time.perf_counter()
+    for _ in range(10_000):
+        publisher(session.state)
+    assert time.perf_counter() - started < 0.1, "the listener must cost next to nothing"
+    for _ in range(20):  # saves spread over ~0.6 s
+        session.store.log("something happened")
+        time.sleep(0.03)
+    time.sleep(0.4)
+    publisher.close()
+    assert calls["create"] == 1
+    assert 1 <= calls["update"] <= 5, calls  # ~1 per interval, plus the final one
+    assert publisher not in session.store.listeners
+
+
+def test_a_server_that_does_not_answer_never_stops_the_session(session, monkeypatch, caplog):
+    def down(self):
+        raise ConnectionError("the Prefect API at http://127.0.0.1:9/api does not answer")
+
+    monkeypatch.setattr(artifacts.SessionArtifacts, "_create", down)
+    publisher = artifacts.SessionArtifacts.attach(session)
+    session.store.log("the session goes on")
+    publisher.close()
+    assert "stopped updating" in caplog.text
+    assert "the session goes on" in (session.ws.root / "STATE.md").read_text()

@@ -1,0 +1,367 @@
+"""The Claude Code backend end to end: `labrun` processes with `--agent claude-code`, and a
+stand-in `claude` on PATH (`tests/fake_claude/claude`, not Claude Code: no model runs).
+
+The stand-in prints Claude Code's stream-json, reaches labrun's `run_experiment` and
+`complete_phase` over MCP with the MCP client library, edits files itself, and keeps its
+sessions per directory. Faults (die, hang, print forever, a spent usage window, stop short)
+are read from a file and fire once. Each invocation is logged (argv, stdin, time), so the
+tests can check what labrun asked of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from support import alive, group_alive, labrun, start_labrun, wait_for  # noqa: E402
+
+from labrun.journal import Conversation  # noqa: E402
+from labrun.state import phase_table  # noqa: E402
+from phases import PHASES  # noqa: E402
+
+FAKE = Path(__file__).parent / "fake_claude"
+IDEA = """\
+idea:
+  title: "Averaging noisy measurements: does RMSE fall as 1/sqrt(k)?"
+  domain: data_science
+  hypothesis: |
+    The RMSE of the mean of k independent noisy measurements falls as 1/sqrt(k):
+    the log-log slope of RMSE against k is -0.5 within 0.05.
+  methodology:
+    approach: "Monte Carlo simulation with a fitted power law"
+  constraints:
+    compute: cpu_only
+    time_limit: 600
+    budget: 5
+"""
+USAGE_FIELDS = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+RESUME_NOTE = "has now\nbeen resumed"
+NUDGE = "You ended your turn without calling a tool"
+KICKOFF = "Start phase 1 of 6 (planning)"
+
+
+class Claude:
+    """The stand-in's files for one test: its session store, invocation log and faults."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.home = root / "claude-home"
+        self.log = root / "claude-invocations.jsonl"
+        self.faults = root / "claude-faults.json"
+        self.env = {
+            "PATH": os.pathsep.join([str(FAKE), str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+            "FAKE_CLAUDE_HOME": str(self.home),
+            "FAKE_CLAUDE_LOG": str(self.log),
+            "FAKE_CLAUDE_FAULTS": str(self.faults),
+            "LABRUN_CLAUDE": "claude",
+            "LABRUN_CLAUDE_PERMISSIONS": "default",
+            "LABRUN_PHASE_TIMEOUT_S": "",
+            "LABRUN_MIN_WINDOW_WAIT_S": "",
+        }
+
+    def fault(self, *faults: dict) -> None:
+        self.faults.write_text(json.dumps(list(faults)))
+
+    def calls(self, phase: str | None = None) -> list[dict]:
+        """Invocations, oldest first, each with the phase its system prompt names."""
+        found = []
+        for line in self.log.read_text().splitlines() if self.log.exists() else []:
+            call = json.loads(line)
+            argv = call["argv"]
+            prompt_file = argv[argv.index("--append-system-prompt-file") + 1]
+            call["phase"] = Path(prompt_file).parent.name
+            call["resume"] = argv[argv.index("--resume") + 1] if "--resume" in argv else None
+            if phase in (None, call["phase"]):
+                found.append(call)
+        return found
+
+
+@pytest.fixture
+def claude(tmp_path, prefect_api) -> Claude:
+    return Claude(tmp_path)
+
+
+@pytest.fixture
+def idea(tmp_path) -> Path:
+    path = tmp_path / "idea.yaml"
+    path.write_text(IDEA)
+    return path
+
+
+def run(idea: Path, ws: Path, claude: Claude, **env: str):
+    return labrun("run", str(idea), "--workspace", str(ws), "--agent", "claude-code",
+                  env={**claude.env, **env})
+
+
+def status(ws: Path) -> dict:
+    result = labrun("status", str(ws), "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def transcripts(ws: Path, phase: str) -> list[list[dict]]:
+    return [[json.loads(line) for line in f.read_text().splitlines()]
+            for f in sorted((ws / ".labrun" / "phases" / phase).glob("claude-run-*.jsonl"))]
+
+
+def sessions_recorded(ws: Path, phase: str) -> list[str | None]:
+    found = []
+    for f in Conversation.files(ws / ".labrun" / "phases" / phase):
+        found += [r["session_id"] for r in Conversation(f, repair=False).records if r["kind"] == "claude_session"]
+    return found
+
+
+def assert_usage_is_the_sum_of_results(ws: Path) -> None:
+    """`labrun status` totals equal the sum of every run's `result` event, phase by phase:
+    tokens exactly, dollars to the micro-dollar that labrun's `Usage` rounds each sum to."""
+    report = status(ws)
+    total = {k: 0 for k in USAGE_FIELDS} | {"cost_usd": 0.0}
+    results = 0
+    for p in report["phases"]:
+        billed = {k: 0 for k in USAGE_FIELDS} | {"cost_usd": 0.0}
+        for events in transcripts(ws, p["key"]):
+            for e in events:
+                if e.get("type") == "result":
+                    results += 1
+                    for k in USAGE_FIELDS:
+                        billed[k] += e["usage"][k]
+                    billed["cost_usd"] += e["total_cost_usd"]
+        for k in USAGE_FIELDS:
+            assert p["usage"][k] == billed[k], (p["key"], k)
+            total[k] += billed[k]
+        assert p["usage"]["cost_usd"] == pytest.approx(billed["cost_usd"], abs=1e-6), p["key"]
+        total["cost_usd"] += billed["cost_usd"]
+    for k in USAGE_FIELDS:
+        assert report["usage"][k] == total[k], k
+    assert report["usage"]["cost_usd"] == pytest.approx(total["cost_usd"], abs=1e-6 * results)
+    assert total["cost_usd"] > 0
+
+
+def newest_attempt_and_its_parent():
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+    from prefect.client.schemas.sorting import TaskRunSort
+
+    with get_client(sync_client=True) as client:
+        attempt = client.read_task_runs(
+            task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=["attempt 1"])),
+            sort=TaskRunSort.EXPECTED_START_TIME_DESC, limit=1)[0]
+        return attempt, client.read_task_run(attempt.task_inputs["__parents__"][0].id)
+
+
+def assert_complete(ws: Path, result) -> None:
+    assert result.returncode == 0, result.stdout + result.stderr
+    table = phase_table((ws / "STATE.md").read_text())
+    assert all(table[p.key] == "DONE" for p in PHASES), table
+
+
+# -- a whole session -------------------------------------------------------------------------
+
+
+def test_a_session_with_claude_code(idea, tmp_path, claude):
+    """Six phases through `claude -p`; claude dies once mid-phase and stops short once."""
+    ws = tmp_path / "ws"
+    claude.fault({"phase": "experiments", "at_step": 1, "do": "die"},
+                 {"phase": "analysis", "at_step": 0, "do": "stop"},
+                 {"phase": "implementation", "at_step": 1, "do": "warning"})
+    result = run(idea, ws, claude)
+    assert_complete(ws, result)
+    assert "usage window (five_hour) nearly spent" in result.stderr
+
+    # the attempt ran through labrun's tool, as a recorded attempt
+    state_md = (ws / "STATE.md").read_text()
+    assert "### Attempt 1" in state_md and "- Status: SUCCESS" in state_md
+    assert [(a["n"], a["status"]) for a in status(ws)["attempts"]] == [(1, "SUCCESS")]
+    assert (ws / "REPORT.md").exists() and (ws / "README.md").exists()
+    attempt, parent = newest_attempt_and_its_parent()  # a Prefect subtask of the phase task
+    assert parent.name == "4-experiments" and parent.flow_run_id == attempt.flow_run_id
+
+    calls = claude.calls()
+    assert [c["phase"] for c in calls] == ["planning", "setup", "implementation", "experiments",
+                                           "experiments", "analysis", "analysis", "documentation"]
+    for c in calls:
+        argv = c["argv"]
+        assert argv[:5] == ["-p", "--output-format", "stream-json", "--verbose", "--append-system-prompt-file"]
+        assert "mcp__labrun" in argv[argv.index("--allowedTools") + 1].split(",")
+        assert "--dangerously-skip-permissions" not in argv
+        assert Path(argv[argv.index("--mcp-config") + 1]).parent.name == c["phase"]
+        assert c["cwd"] == str(ws)
+    first_of = {c["phase"]: c for c in reversed(calls)}
+    assert all(first_of[p.key]["resume"] is None and first_of[p.key]["stdin"].startswith(f"Start phase {p.number}")
+               for p in PHASES)
+
+    # claude died mid-phase: the same session is resumed, told it was interrupted
+    died, resumed = claude.calls("experiments")
+    session = sessions_recorded(ws, "experiments")[0]
+    assert resumed["resume"] == session and RESUME_NOTE in resumed["stdin"]
+    runs = transcripts(ws, "experiments")
+    assert not any(e.get("type") == "result" for e in runs[0])
+    assert "no billed figure" in runs[0][-1]["note"]
+    # it stopped short of complete_phase: nudged on, in the same session
+    stopped, nudged = claude.calls("analysis")
+    assert nudged["resume"] == sessions_recorded(ws, "analysis")[0] and NUDGE in nudged["stdin"]
+
+    assert_usage_is_the_sum_of_results(ws)
+
+
+# -- resuming --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("session_known", [True, False], ids=["same-session", "unknown-session"])
+def test_a_killed_engine_resumes_the_claude_session(idea, tmp_path, claude, session_known):
+    """kill -9 of labrun mid-phase, then `labrun resume`: `claude --resume <the stored id>`;
+    when Claude Code no longer has that session, a new one starts from the system prompt."""
+    ws = tmp_path / "ws"
+    claude.fault({"phase": "planning", "at_step": 1, "do": "hang"})
+    proc = start_labrun("run", str(idea), "--workspace", str(ws), "--agent", "claude-code", env=claude.env)
+    try:
+        wait_for(lambda: (ws / "planning.md").exists() and sessions_recorded(ws, "planning"),
+                 what="planning to start in claude")
+        time.sleep(0.5)  # the hang begins after the first step's result
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+    hung = claude.calls("planning")[0]
+    os.killpg(hung["pid"], signal.SIGKILL)  # claude ran in its own process group
+    wait_for(lambda: not alive(hung["pid"]), what="the orphaned claude to die")
+    if not session_known:
+        for f in claude.home.rglob("*.json"):
+            f.unlink()
+
+    result = labrun("resume", str(ws), env=claude.env)
+    assert_complete(ws, result)
+    session = sessions_recorded(ws, "planning")[0]
+    calls = claude.calls("planning")
+    assert calls[1]["resume"] == session and RESUME_NOTE in calls[1]["stdin"]
+    if session_known:
+        assert len(calls) == 2
+    else:  # "No conversation found with session ID": a new session, from the kickoff
+        assert len(calls) == 3
+        assert calls[2]["resume"] is None
+        assert calls[2]["stdin"].startswith(KICKOFF) and RESUME_NOTE in calls[2]["stdin"]
+        forgotten, new = sessions_recorded(ws, "planning")[1:]
+        assert forgotten is None and new not in (None, session)
+        assert "No conversation found" in json.dumps(transcripts(ws, "planning")[1])
+    first = transcripts(ws, "planning")[0]
+    assert not any(e.get("type") == "result" for e in first)
+    assert "no billed figure" in first[-1]["note"]  # written by the next run
+    assert_usage_is_the_sum_of_results(ws)
+
+
+# -- usage windows ---------------------------------------------------------------------------
+
+
+def test_a_spent_usage_window_is_waited_out_not_retried(idea, tmp_path, claude):
+    ws = tmp_path / "ws"
+    claude.fault({"phase": "setup", "at_step": 0, "do": "window", "resets_in": 2})
+    result = run(idea, ws, claude, LABRUN_MIN_WINDOW_WAIT_S="0")
+    assert_complete(ws, result)
+    spent, resumed = claude.calls("setup")  # exactly one run after the window: no retry loop
+    assert len(claude.calls()) == 7
+    rejected = [e for e in transcripts(ws, "setup")[0] if e.get("type") == "rate_limit_event"
+                and e["rate_limit_info"]["status"] == "rejected"]
+    resets_at = rejected[0]["rate_limit_info"]["resetsAt"]
+    assert resumed["time"] >= resets_at - 0.05  # it waited for the reset
+    assert resumed["resume"] == sessions_recorded(ws, "setup")[0] and RESUME_NOTE in resumed["stdin"]
+    assert "usage window spent" in (ws / "STATE.md").read_text()
+    assert_usage_is_the_sum_of_results(ws)
+
+
+def test_permissions_are_rules_unless_skipping_is_asked_for(monkeypatch, tmp_path):
+    from labrun.agents import make_agent
+
+    monkeypatch.setenv("PATH", str(FAKE))
+    monkeypatch.delenv("LABRUN_CLAUDE", raising=False)
+    monkeypatch.delenv("IS_SANDBOX", raising=False)
+    monkeypatch.setenv("LABRUN_CLAUDE_PERMISSIONS", "default")
+    agent = make_agent("claude-code", "claude-sonnet-4-5")
+    argv = agent.argv(tmp_path / "system.md", tmp_path / "mcp.json", "abc", 7)
+    assert argv[0] == str(FAKE / "claude") and argv[argv.index("--max-turns") + 1] == "7"
+    assert argv[argv.index("--resume") + 1] == "abc" and argv[argv.index("--model") + 1] == "claude-sonnet-4-5"
+    assert {"mcp__labrun", "Bash", "Edit", "Write", "Read"} <= set(argv[argv.index("--allowedTools") + 1].split(","))
+    assert "--dangerously-skip-permissions" not in argv and "IS_SANDBOX" not in agent.environment(60)
+
+    monkeypatch.setenv("LABRUN_CLAUDE_PERMISSIONS", "skip")
+    agent = make_agent("claude-code")
+    argv = agent.argv(tmp_path / "system.md", tmp_path / "mcp.json", None, 7)
+    assert "--dangerously-skip-permissions" in argv and "--allowedTools" not in argv and "--resume" not in argv
+    monkeypatch.setattr(os, "geteuid", lambda: 0)  # as root, Claude Code wants IS_SANDBOX=1 for this
+    assert agent.environment(60)["IS_SANDBOX"] == "1"
+
+
+def test_the_wait_for_a_window_is_clamped(monkeypatch):
+    from labrun.windows import MAX_WAIT_S, wait_seconds
+
+    monkeypatch.delenv("LABRUN_MIN_WINDOW_WAIT_S", raising=False)
+    assert wait_seconds(resets_at=1000.0, now=1000.5) == 60
+    assert wait_seconds(resets_at=1000.0 + 90, now=1000.0) == 90
+    assert wait_seconds(resets_at=1000.0 + 10 * 3600, now=1000.0) == MAX_WAIT_S == 6 * 3600
+
+
+# -- timeouts and errors ---------------------------------------------------------------------
+
+
+def test_the_phase_timeout_stops_a_claude_that_never_stops_printing(idea, tmp_path, claude):
+    ws = tmp_path / "ws"
+    claude.fault({"phase": "planning", "at_step": 0, "do": "chatty"})
+    started = time.monotonic()
+    result = run(idea, ws, claude, LABRUN_PHASE_TIMEOUT_S="3")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert time.monotonic() - started < 60
+    assert "timeout of 3 s" in result.stderr and "Traceback" not in result.stderr
+    chatty = claude.calls("planning")[0]
+    assert not alive(chatty["pid"]) and not group_alive(chatty["pid"])
+    events = transcripts(ws, "planning")[0]
+    assert sum(e.get("type") == "assistant" for e in events) > 20
+    assert "killed at the phase timeout" in events[-1]["note"]
+
+    result = labrun("resume", str(ws), env=claude.env)  # and it is resumable
+    assert_complete(ws, result)
+    resumed = claude.calls("planning")[1]
+    assert resumed["resume"] == sessions_recorded(ws, "planning")[0]
+
+
+def test_no_claude_on_path_says_how_to_install_it(idea, tmp_path, claude):
+    result = run(idea, tmp_path / "ws", claude, LABRUN_CLAUDE="claude-is-not-installed")
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "npm install -g @anthropic-ai/claude-code" in lines[0] and "claude /login" in lines[0]
+
+
+def test_a_claude_that_is_not_logged_in_says_how_to_log_in(idea, tmp_path, claude):
+    result = run(idea, tmp_path / "ws", claude, FAKE_CLAUDE_LOGGED_OUT="1")
+    assert result.returncode != 0
+    problems = [line for line in result.stderr.splitlines() if line.startswith("labrun:")]
+    assert len(problems) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "claude /login" in problems[0] and "setup-token" in problems[0]
+    assert len(claude.calls()) == 1  # not retried
+
+
+# -- the MCP server --------------------------------------------------------------------------
+
+
+def test_the_tool_server_wants_its_token():
+    import queue
+
+    import httpx
+
+    from labrun.mcp_tools import ToolServer
+
+    with ToolServer(queue.Queue()) as server:
+        body = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
+        headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+        assert httpx.post(server.url, json=body, headers=headers).status_code == 401
+        wrong = {**headers, "Authorization": "Bearer not-the-token"}
+        assert httpx.post(server.url, json=body, headers=wrong).status_code == 401
+        right = {**headers, **server.mcp_config()["mcpServers"]["labrun"]["headers"]}
+        assert httpx.post(server.url, json=body, headers=right).status_code == 200
+        assert server.url.startswith("http://127.0.0.1:")
