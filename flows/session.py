@@ -7,9 +7,12 @@ whose outputs changed on disk runs again, with everything after it.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from prefect import flow
+from prefect.context import FlowRunContext, TaskRunContext
+from prefect.logging.handlers import APILogHandler
 from prefect.states import State
 
 from labrun.agents import AgentUnavailable
@@ -19,6 +22,20 @@ from labrun.session import Session
 from labrun.windows import wait_out
 from phases import PHASES
 from phases.phase import manifest_digest, phase_version, run_phase
+
+
+class _RunLogHandler(APILogHandler):
+    """Sends labrun's progress (engine events, turns) to the Prefect run it happens in, so it
+    shows in the run's logs in the UI; outside a run it is silent."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if TaskRunContext.get() or FlowRunContext.get():
+            super().emit(record)
+
+
+_labrun_log = logging.getLogger("labrun")
+if not any(isinstance(h, APILogHandler) for h in _labrun_log.handlers):  # PREFECT_LOGGING_EXTRA_LOGGERS
+    _labrun_log.addHandler(_RunLogHandler())
 
 
 class SessionStopped(Exception):

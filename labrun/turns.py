@@ -14,8 +14,7 @@ import time
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
-from prefect.context import FlowRunContext, TaskRunContext
-from prefect.logging.handlers import APILogHandler
+from prefect.context import TaskRunContext
 
 from labrun import prompts
 from labrun.crashpoints import crashpoint
@@ -26,19 +25,6 @@ from labrun.tools import ToolBox, tool_specs
 from labrun.usage import Budget, Usage
 
 log = logging.getLogger("labrun")
-
-
-class _RunLogHandler(APILogHandler):
-    """Sends labrun's log records to the Prefect run (flow or task) they happen in, so the
-    per-turn progress shows in the run's logs in the UI and API; outside a run it is silent."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if TaskRunContext.get() or FlowRunContext.get():
-            super().emit(record)
-
-
-if not any(isinstance(h, APILogHandler) for h in log.handlers):  # e.g. PREFECT_LOGGING_EXTRA_LOGGERS=labrun
-    log.addHandler(_RunLogHandler())
 
 RETRY_BASE_S = float(os.environ.get("LABRUN_RETRY_BASE_S", "2"))
 RETRY_DELAYS = [RETRY_BASE_S * 2**i for i in range(8)]
