@@ -37,6 +37,7 @@ DEFAULT_PORT = 4200
 DEFAULT_SESSION_SLOTS = 4
 DEFAULT_MODEL_API_SLOTS = 4
 MODEL_API_LEASE_S = 60
+SLOT_TRIES = 5
 DEFAULT_CRASH_AFTER_S = 90
 """Three missed heartbeats at the 30 s that prefect.yaml sets."""
 IDEA_SUFFIXES = (".yaml", ".yml")
@@ -50,10 +51,12 @@ class ServerError(Exception):
 
 
 def server_mode() -> bool:
-    """True when Prefect talks to a server (PREFECT_API_URL), not to an ephemeral API."""
+    """True in a deployment's flow run (prefect.yaml sets LABRUN_MODEL_API_LIMIT=on for them)
+    on a Prefect server (PREFECT_API_URL), not on an ephemeral API. The opt-in keeps slots
+    to servers that run Prefect's services, which free the lease of a killed engine's slot."""
     from prefect.settings import get_current_settings
 
-    return bool(get_current_settings().api.url)
+    return os.environ.get("LABRUN_MODEL_API_LIMIT") == "on" and bool(get_current_settings().api.url)
 
 
 _limits_ready: set[tuple[str, str]] = set()
@@ -106,7 +109,6 @@ def model_api_slot() -> Iterator[None]:
         yield
         return
     from prefect.concurrency.sync import concurrency
-    from prefect.concurrency.asyncio import ConcurrencySlotAcquisitionError
 
     def slot():
         # strict: no slot, no call. A renewal hiccup during a long call does not end the
@@ -117,13 +119,16 @@ def model_api_slot() -> Iterator[None]:
     slots = int(os.environ.get("LABRUN_MODEL_API_SLOTS", DEFAULT_MODEL_API_SLOTS))
     ensure_global_limit(MODEL_API_LIMIT, slots)
     with ExitStack() as stack:
-        try:
-            stack.enter_context(slot())
-        except ConcurrencySlotAcquisitionError:
-            # deleted since this process made sure of it: make it again, then take a slot
-            _forget_limit(MODEL_API_LIMIT)
-            ensure_global_limit(MODEL_API_LIMIT, slots)
-            stack.enter_context(slot())
+        for attempt in range(SLOT_TRIES):
+            try:
+                stack.enter_context(slot())
+                break
+            except Exception:  # the limit was deleted, or a busy server answered 503 throughout
+                if attempt == SLOT_TRIES - 1:
+                    raise
+                time.sleep(2**attempt)
+                _forget_limit(MODEL_API_LIMIT)
+                ensure_global_limit(MODEL_API_LIMIT, slots)
         yield
 
 

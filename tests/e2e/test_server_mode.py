@@ -224,6 +224,7 @@ def test_model_api_limit(prefect_server, deployed):
     from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
+    os.environ["LABRUN_MODEL_API_LIMIT"] = "on"  # as prefect.yaml sets it for session runs
     with client() as c:
         c.delete_global_concurrency_limit_by_name(srv.MODEL_API_LIMIT)
     srv._limits_ready.clear()
@@ -245,12 +246,10 @@ def test_model_api_limit(prefect_server, deployed):
         with srv.model_api_slot():
             pass
         assert time.monotonic() - started < 0.05
+    del os.environ["LABRUN_MODEL_API_LIMIT"]
 
 
 def test_model_calls_take_the_model_api_limit(prefect_server, three_sessions):
-    source = (REPO / "labrun" / "turns.py").read_text()
-    if "model_api_slot" not in source:
-        pytest.skip("labrun/turns.py's model_call does not take labrun.server.model_api_slot() yet")
     from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
     from prefect.events.schemas.events import ResourceSpecification
 
