@@ -12,7 +12,6 @@ Importing this module does not import Prefect: `labrun`'s reading commands stay 
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import signal

@@ -4,9 +4,6 @@ inputs from the model, damaged journal files; and secrets planted everywhere sta
 from __future__ import annotations
 
 import json
-import os
-import string
-from pathlib import Path
 
 import pytest
 import yaml

@@ -9,17 +9,14 @@ root, and start a worker for the pool. Tests talk to the server through the Pref
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 

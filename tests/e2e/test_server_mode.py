@@ -5,11 +5,11 @@ killed mid-run, and two runs of one workspace."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-import pytest
 
 from labrun import server as srv
 from labrun.artifacts import artifact_key

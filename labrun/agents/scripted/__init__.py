@@ -181,7 +181,7 @@ class ScriptedModel:
         calls = steps[min(_step(request.messages), len(steps) - 1)](request)
         content: list[dict] = [{"type": "text", "text": f"[scripted agent] {phase}, step {turn}."}]
         for i, (name, inp) in enumerate(calls):
-            if (kind := self._fault_for(phase, turn)) == "hang-attempt" and name == "run_experiment":
+            if self._fault_for(phase, turn) == "hang-attempt" and name == "run_experiment":
                 inp = {**inp, "command": f"mkdir -p .labrun/faults && touch .labrun/faults/{phase}-{turn}.reached && sleep 600 && {inp['command']}"}
             content.append({"type": "tool_use", "id": f"toolu_{phase}_{turn}_{i}", "name": name, "input": inp})
         prompt_chars = len(request.system) + len(json.dumps(request.messages))
