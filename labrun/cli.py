@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -229,6 +230,9 @@ def cmd_demo(args) -> int:
 
 def _run_flow(idea_path, workspace, agent, model, budget_usd, max_turns) -> int:
     _configure_logging()
+    # Prefect's first ephemeral start migrates a new database: on a small machine that takes
+    # longer than Prefect's default 20 s wait.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     from labrun.agents import AgentUnavailable
     from labrun.workspace import WorkspaceBusy
 
