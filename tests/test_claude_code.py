@@ -26,21 +26,9 @@ from labrun.journal import Conversation  # noqa: E402
 from labrun.state import phase_table  # noqa: E402
 from phases import PHASES  # noqa: E402
 
+from auto_responder import IDEA  # noqa: E402  (the same small idea as the Anthropic tests)
+
 FAKE = Path(__file__).parent / "fake_claude"
-IDEA = """\
-idea:
-  title: "Averaging noisy measurements: does RMSE fall as 1/sqrt(k)?"
-  domain: data_science
-  hypothesis: |
-    The RMSE of the mean of k independent noisy measurements falls as 1/sqrt(k):
-    the log-log slope of RMSE against k is -0.5 within 0.05.
-  methodology:
-    approach: "Monte Carlo simulation with a fitted power law"
-  constraints:
-    compute: cpu_only
-    time_limit: 600
-    budget: 5
-"""
 USAGE_FIELDS = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
 RESUME_NOTE = "has now\nbeen resumed"
 NUDGE = "You ended your turn without calling a tool"
