@@ -158,9 +158,12 @@ def _read_records(path: Path, repair: bool) -> list[dict[str, Any]]:
             good_bytes += len(line) + 1
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
+            if not isinstance(record, dict) or "kind" not in record:
+                raise ValueError("not a journal record")
+            records.append(record)
             good_bytes += len(line) + 1
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except ValueError:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
             if i == len(lines) - 1:  # torn final write: no newline was ever written
                 if repair:
                     with open(path, "r+b") as f:
@@ -170,6 +173,9 @@ def _read_records(path: Path, repair: bool) -> list[dict[str, Any]]:
                 f"{path}:{i + 1}: corrupted journal record; move the file aside to restart "
                 "this phase's conversation, or restore it from a backup"
             ) from None
+    if repair and raw and not raw.endswith(b"\n") and len(records) and good_bytes > len(raw):
+        with open(path, "ab") as f:  # a whole last record whose newline never came: end it
+            f.write(b"\n")
     return records
 
 

@@ -4,10 +4,12 @@ inputs from the model, damaged journal files; and secrets planted everywhere sta
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
+from hypothesis.utils.conventions import not_set
 from hypothesis import strategies as st
 
 from support import DEMO_IDEA, labrun
@@ -17,7 +19,9 @@ from labrun.session import Session
 from labrun.tools import ToolBox
 from phases import BY_KEY
 
-FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+# Fixed examples in CI (a green main stays green); fresh ones on every local run.
+FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck),
+                derandomize=bool(os.environ.get("CI")), database=None if os.environ.get("CI") else not_set)
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=30),
@@ -110,7 +114,11 @@ def test_a_damaged_journal_is_read_safely_or_reported_with_its_file(finished, tm
     assert all(isinstance(r, dict) for r in convo.records)
     if how == "truncate":  # every record written whole before the cut is kept, in order
         original = Conversation(source, repair=False).records
-        assert convo.records == original[: raw.count(b"\n")]
+        assert convo.records == original[: len(convo.records)]
+        assert len(convo.records) >= raw.count(b"\n")
+        repaired = Conversation(path)  # repair mode: the file ends a line, ready for appends
+        repaired.add_user_text("after the cut")
+        assert Conversation(path).records[-1]["content"][0]["text"] == "after the cut"
 
 
 def test_a_corrupted_journal_is_reported_and_the_record_kept(finished, tmp_path):
