@@ -114,8 +114,8 @@ def _exception(state: State) -> BaseException | None:
 
 
 def _reason(state: State) -> str:
-    try:
-        state.result()
-    except BaseException as e:  # the phase's own exception carries the reason
-        return str(e).splitlines()[0] if str(e) else type(e).__name__
-    return state.message or state.name
+    """One line: the phase's own exception carries the reason."""
+    e = _exception(state)
+    if e is None:
+        return state.message or state.name
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
