@@ -7,6 +7,7 @@ whose outputs changed on disk runs again, with everything after it.
 
 from __future__ import annotations
 
+import errno
 import logging
 from typing import Any
 
@@ -118,4 +119,6 @@ def _reason(state: State) -> str:
     e = _exception(state)
     if e is None:
         return state.message or state.name
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        return f"the disk is full ({e.filename or 'a write'}: {e.strerror}); free some space"
     return str(e).splitlines()[0] if str(e) else type(e).__name__

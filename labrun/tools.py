@@ -110,6 +110,7 @@ class ToolBox:
         }.get(name)
         if handler is None:
             return ToolResult(f"Unknown tool {name!r}.", is_error=True)
+        self.session.ws.check_disk()  # DiskFull stops the phase: no step starts on a full disk
         schema, fn = handler
         try:
             return ToolResult(redact(fn(schema.model_validate(raw_input))))
@@ -143,6 +144,7 @@ class ToolBox:
             raise ToolError("bash needs a command (or restart: true)")
         log = self.session.ws.data / "tmp" / "bash.log"
         result = run_command(inp.command, self.root, log, BASH_TIMEOUT_S, BASH_MAX_OUTPUT)
+        self.session.ws.release_reserve_if_full()
         status = "" if result.exit_code == 0 else f"\n[exit code: {result.exit_code}]"
         return (result.output or "(no output)") + status
 

@@ -87,6 +87,7 @@ def run_turns(model: Model, toolbox: ToolBox, convo: Conversation, system: str, 
                 f"`labrun resume {toolbox.root} --max-turns {max_turns * 2}`"
             )
         budget.check()
+        toolbox.session.ws.check_disk()
         request = ModelRequest(system=system, messages=convo.messages(), tools=specs)
         reply = model_call(model, request, phase=phase, turn=convo.turns + 1)
         convo.add_reply(reply.content, reply.usage, reply.stop_reason)

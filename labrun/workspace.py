@@ -11,8 +11,19 @@ from typing import Any
 from labrun.crashpoints import crashpoint
 
 
+MIN_FREE_MB = float(os.environ.get("LABRUN_MIN_FREE_MB", "100"))
+"""Below this much free disk the session stops (resumably) before its next step."""
+RESERVE_BYTES = 4 << 20
+"""Kept allocated in `.labrun/reserve` and given up when a command fills the disk, so the
+record of that command (its attempt, the journal) can still be written."""
+
+
 class WorkspaceBusy(Exception):
     pass
+
+
+class DiskFull(Exception):
+    """Too little free disk to go on safely; the session resumes once space is freed."""
 
 
 class Workspace:
@@ -46,6 +57,10 @@ class Workspace:
     def phase_dir(self, key: str) -> Path:
         return self.data / "phases" / key
 
+    @property
+    def reserve(self) -> Path:
+        return self.data / "reserve"
+
     def exists(self) -> bool:
         return self.session_file.exists()
 
@@ -66,6 +81,41 @@ class Workspace:
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._lock_fd = fd
+        self._keep_reserve()
+
+    # -- disk --------------------------------------------------------------------------------
+
+    def free_mb(self) -> float:
+        st = os.statvfs(self.root)
+        return st.f_bavail * st.f_frsize / 2**20
+
+    def nearly_full(self) -> bool:
+        return self.free_mb() < MIN_FREE_MB
+
+    def check_disk(self) -> None:
+        """Stop before the next step when the disk is nearly full, not halfway through it."""
+        if self.nearly_full():
+            raise DiskFull(
+                f"{self.root}: only {self.free_mb():.0f} MB free on its disk, below labrun's floor of "
+                f"{MIN_FREE_MB:g} MB (LABRUN_MIN_FREE_MB); free some space, then "
+                f"`labrun resume {self.root}`"
+            )
+
+    def release_reserve_if_full(self) -> None:
+        """After a command: if it filled the disk, free the reserve so its record fits."""
+        if self.nearly_full():
+            self.reserve.unlink(missing_ok=True)
+
+    def _keep_reserve(self) -> None:
+        if self.reserve.exists():
+            return
+        fd = os.open(self.reserve, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, RESERVE_BYTES)
+        except OSError:  # no room for it (check_disk will say so), or no fallocate here
+            self.reserve.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
 
     def unlock(self) -> None:
         if self._lock_fd is not None:
@@ -77,10 +127,14 @@ def write_atomic(path: Path, text: str) -> None:
     """Write via a temporary file, fsync, rename: readers see the old or the new file whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full disk leaves the old file, and no debris
+        raise
     crashpoint("atomic-write")
     os.replace(tmp, path)
     dir_fd = os.open(path.parent, os.O_RDONLY)

@@ -7,7 +7,9 @@ journal holds the agent's view of it, STATE.md the researcher's.
 
 from __future__ import annotations
 
+import errno
 import math
+import os
 import re
 
 from prefect import task
@@ -21,6 +23,7 @@ from labrun.tools import RunExperimentInput, ToolError, parse_metrics
 
 ERROR_LINE = re.compile(r"^\s*([\w.]*(Error|Exception|Exit|Interrupt)\b.*)$", re.M)
 MAX_OUTPUT_BYTES = 200_000_000
+DISK_FULL = os.strerror(errno.ENOSPC)  # "No space left on device"
 
 
 def start_attempt(session: Session, phase_key: str, inp: RunExperimentInput) -> Attempt:
@@ -78,6 +81,7 @@ def experiment_attempt(session_id: str, workspace: str, n: int) -> dict:
         max_output_bytes=MAX_OUTPUT_BYTES,
         on_start=lambda pgid: (session.update_attempt(n, pgid=pgid), crashpoint("attempt")),
     )
+    session.ws.release_reserve_if_full()  # so that this attempt's record fits
     status, error, metrics, outputs = judge(session, attempt, result)
     session.update_attempt(
         n,
@@ -101,6 +105,8 @@ def judge(session: Session, attempt: Attempt, result) -> tuple[str, str | None, 
     elif result.exit_code != 0:
         errors.append(f"exit code {result.exit_code}")
     full = (root / attempt.log).read_text(errors="replace")
+    if DISK_FULL in full or (errors and session.ws.nearly_full()):
+        errors.insert(0, f"the disk filled up ({session.ws.free_mb():.0f} MB free)")
     if "Traceback (most recent call last)" in full or (errors and ERROR_LINE.search(full)):
         found = ERROR_LINE.findall(full)
         errors.insert(0, found[-1][0].strip() if found else "a Python traceback")

@@ -52,6 +52,7 @@ def run_phase(session_id: str, workspace: str, phase_key: str, number: int, vers
               upstream: str, rerun: bool = False) -> dict[str, Any]:
     """`rerun`: the phase must run again (its outputs, or an upstream phase's, changed)."""
     session = Session.get(workspace)
+    session.ws.check_disk()
     phase = BY_KEY[phase_key]
     phase_dir = session.ws.phase_dir(phase_key)
     key = _cache_key(None, {"session_id": session_id, "phase_key": phase_key,
