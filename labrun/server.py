@@ -37,6 +37,7 @@ DEFAULT_SESSION_SLOTS = 4
 DEFAULT_MODEL_API_SLOTS = 4
 MODEL_API_LEASE_S = 60
 SLOT_TRIES = 5
+CLIENT_MAX_RETRIES = 10
 DEFAULT_CRASH_AFTER_S = 90
 """Three missed heartbeats at the 30 s that prefect.yaml sets."""
 IDEA_SUFFIXES = (".yaml", ".yml")
@@ -305,6 +306,11 @@ def wait_healthy(api_url: str, proc: subprocess.Popen | None, log: Path | None,
 def start_worker(env: dict[str, str], log: Path | None = None, pool: str = POOL,
                  name: str | None = None) -> subprocess.Popen:
     cmd = [*prefect_cli(), "worker", "start", "--pool", pool]
+    # On SQLite a burst of writers can keep the database locked through a client's default
+    # five retries (about a minute); a worker that gives up while submitting a run marks it
+    # Crashed before it starts. Ten retries wait out bursts of half an hour. Flow runs
+    # inherit the worker's environment.
+    env = {"PREFECT_CLIENT_MAX_RETRIES": str(CLIENT_MAX_RETRIES), **env}
     if name:
         cmd += ["--name", name]
     if log is None:

@@ -54,7 +54,9 @@ def task_runs(flow_run_id) -> list[Any]:
 
 def status_json(workspace: Path, env: dict[str, str]) -> dict[str, Any]:
     out = subprocess.run([sys.executable, "-m", "labrun.cli", "status", str(workspace), "--json"],
-                         env=env, capture_output=True, text=True, check=True)
+                         env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise AssertionError(f"labrun status {workspace} --json exited {out.returncode}: {out.stderr.strip()}")
     return json.loads(out.stdout)
 
 
