@@ -248,7 +248,6 @@ def interruption_table(full: Run, runs: dict[tuple[str, str], Run]):
         cold = runs[(phase, "cold")]
         before = {f: sum(b["usage"][f] for b in warm.api.billed[:warm.killed_at]) for f in FIELDS}
         extra_warm = {f: warm.billed()[f] - baseline[f] for f in FIELDS}
-        extra_cold = {f: cold.billed()[f] - baseline[f] for f in FIELDS}
         cost_warm = sum(cost_usd(b["model"], Usage(**b["usage"])) for b in warm.api.billed) - \
             sum(cost_usd(b["model"], Usage(**b["usage"])) for b in full.api.billed)
         cost_cold = sum(cost_usd(b["model"], Usage(**b["usage"])) for b in cold.api.billed) - \
