@@ -4,6 +4,10 @@
 SIGKILL the process, so a test can hit windows too narrow for a timer (between a model reply
 and its tool results, between a STATE.md temp file and its rename). Unset, it costs one
 environment lookup.
+
+`result-write:<n>` reaches inside Prefect: the n-th record Prefect writes to a local result
+store (the commit of a cached phase or attempt) is torn, half its bytes on disk, and the
+process killed, as a kill in the middle of Prefect's own write would leave it.
 """
 
 from __future__ import annotations
@@ -15,13 +19,41 @@ from collections import Counter
 _arrivals: Counter[str] = Counter()
 
 
-def crashpoint(name: str) -> None:
+def _target() -> tuple[str, int] | None:
     spec = os.environ.get("LABRUN_CRASH_AT")
     if not spec:
-        return
-    target, _, nth = spec.partition(":")
-    if target != name:
+        return None
+    name, _, nth = spec.partition(":")
+    return name, int(nth or 1)
+
+
+def crashpoint(name: str) -> None:
+    target = _target()
+    if target is None or target[0] != name:
         return
     _arrivals[name] += 1
-    if _arrivals[name] == int(nth or 1):
+    if _arrivals[name] == target[1]:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _tear_result_writes() -> None:
+    from prefect.filesystems import LocalFileSystem
+
+    whole = LocalFileSystem.write_path
+
+    def write_path(self, path, content, **kwargs):
+        if _arrivals["result-write"] + 1 == _target()[1]:
+            torn = self._resolve_path(path)
+            torn.parent.mkdir(parents=True, exist_ok=True)
+            with open(torn, "wb") as f:
+                f.write(content[: len(content) // 2])
+                f.flush()
+                os.fsync(f.fileno())
+        crashpoint("result-write")
+        return whole(self, path, content, **kwargs)
+
+    LocalFileSystem.write_path = write_path
+
+
+if (_target() or ("",))[0] == "result-write":
+    _tear_result_writes()

@@ -3,8 +3,9 @@ instants, and resumed each time, must end exactly as an uninterrupted run.
 
 Each round picks a crash point and an arrival number at random (the seed fixes both):
 in a model call, between a model reply and its tool results, during an attempt, during an
-atomic write (STATE.md, state.json, a manifest: between the temp file and its rename) and
-at the end of a phase before Prefect commits its cached result. LABRUN_CRASH_SEEDS sets the
+atomic write (STATE.md, state.json, a manifest: between the temp file and its rename), at
+the end of a phase before Prefect commits its cached result, and inside that commit (Prefect's
+own write of a phase's or attempt's result record, torn halfway). LABRUN_CRASH_SEEDS sets the
 number of seeds (3 in CI; `LABRUN_CRASH_SEEDS=30 pytest tests/test_crash_campaign.py -s`
 is the long run).
 """
@@ -22,7 +23,8 @@ from labrun.session import workspace_files
 from labrun.state import STATE_SECTIONS, parse_state_md, phase_table
 from labrun.status import session_status
 
-POINTS = {"model-call": 17, "reply-saved": 17, "attempt": 2, "atomic-write": 120, "phase-end": 6}
+POINTS = {"model-call": 17, "reply-saved": 17, "attempt": 2, "atomic-write": 120, "phase-end": 6,
+          "result-write": 8}
 SEEDS = int(os.environ.get("LABRUN_CRASH_SEEDS", "3"))
 KILLED = -9
 
@@ -90,3 +92,33 @@ def test_crash_campaign(tmp_path, prefect_api):
         assert again.returncode == 0 and "nothing to do" in again.stdout
     print(f"\ncrash campaign: {kills} kills survived over {SEEDS} seeds")
     assert kills >= SEEDS
+
+
+def test_a_kill_inside_prefects_result_write_leaves_a_torn_record_that_costs_nothing(tmp_path, prefect_api):
+    """The first record Prefect writes is planning's cached result: torn halfway, the process
+    killed. Prefect reads a torn record as no record; the phase's journal says it finished,
+    so the resume takes its result from there without asking the model again."""
+    ws = tmp_path / "ws"
+    killed = labrun("run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted",
+                    env={"LABRUN_CRASH_AT": "result-write:1"})
+    assert killed.returncode == KILLED, killed.stderr
+    [record] = (ws / ".labrun/results").iterdir()
+    try:
+        json.loads(record.read_bytes())
+        raise AssertionError(f"{record.name} was written whole")
+    except ValueError:
+        pass  # torn
+    planning_calls = billed_calls(ws, "planning")
+    resumed = labrun("resume", str(ws))
+    assert resumed.returncode == 0, resumed.stderr
+    report = session_status(ws)
+    assert report["session"]["complete"]
+    assert [p["runs"] for p in report["phases"]] == [2, 1, 1, 1, 1, 1]  # planning's 2nd found it done
+    assert billed_calls(ws, "planning") == planning_calls, "planning asked the model again"
+    assert billed(ws) == tuple(report["usage"][k] for k in ("input_tokens", "output_tokens"))
+    json.loads(record.read_bytes())  # written again, whole
+
+
+def billed_calls(ws: Path, phase: str) -> int:
+    lines = (ws / ".labrun/faults/billed.jsonl").read_text().splitlines()
+    return sum(json.loads(line)["phase"] == phase for line in lines)
