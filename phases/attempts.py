@@ -105,11 +105,11 @@ def judge(session: Session, attempt: Attempt, result) -> tuple[str, str | None, 
     elif result.exit_code != 0:
         errors.append(f"exit code {result.exit_code}")
     full = (root / attempt.log).read_text(errors="replace")
-    if DISK_FULL in full or (errors and session.ws.nearly_full()):
-        errors.insert(0, f"the disk filled up ({session.ws.free_mb():.0f} MB free)")
     if "Traceback (most recent call last)" in full or (errors and ERROR_LINE.search(full)):
         found = ERROR_LINE.findall(full)
         errors.insert(0, found[-1][0].strip() if found else "a Python traceback")
+    if DISK_FULL in full or (errors and session.ws.nearly_full()):
+        errors.insert(0, f"the disk filled up ({session.ws.free_mb():.0f} MB free)")
     outputs = [p for p in attempt.outputs if (root / p).exists()]
     errors += [f"declared output {p} is missing" for p in attempt.outputs if p not in outputs]
     metrics: dict = {}
