@@ -35,6 +35,9 @@ class CliError(Exception):
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    from labrun.server import CLIENT_MAX_RETRIES  # a locked SQLite server answers 503 for a while
+
+    os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", str(CLIENT_MAX_RETRIES))
     try:
         return args.handler(args)
     except CliError as e:

@@ -447,6 +447,23 @@ def submit_session(idea_path: Path, workspace: Path, agent: str | None = None,
     )
 
 
+def active_session_run(workspace: Path):
+    """The run for `workspace` that has not ended (scheduled, waiting out a usage window,
+    running, paused), or None. Queueing a second one would only wait on the first's lock."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterName, FlowRunFilterState,
+                                                FlowRunFilterStateType)
+    from prefect.client.schemas.objects import StateType
+
+    active = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.PAUSED,
+              StateType.CANCELLING]
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            name=FlowRunFilterName(any_=[workspace.name]),
+            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=active))))
+    return next((r for r in runs if r.parameters.get("workspace") == str(workspace)), None)
+
+
 def flow_run_url(flow_run_id) -> str:
     from prefect.utilities.urls import url_for
 
@@ -506,9 +523,8 @@ def _cli_error(message: str, code: int = 2):
 
 
 def cmd_queue(args) -> int:
-    from labrun.cli import console, err
-    from labrun.idea import IdeaError, load_idea
-    from labrun.status import finished_and_intact
+    import httpx
+    from prefect.settings import get_current_settings
 
     try:
         ideas = collect_ideas(args.ideas)
@@ -518,29 +534,52 @@ def cmd_queue(args) -> int:
         raise _cli_error(f"no idea files (*.yaml) in {' '.join(args.ideas)}")
     api_url = _api_url_for_clients()
     root = Path(args.workspaces).resolve()
-    invalid = 0
+    outcomes: list[str] = []
     with api(api_url):
         _check_deployment(args.deployment, api_url)
         for path in ideas:
             try:
-                idea = load_idea(path)
-            except IdeaError as e:
-                invalid += 1
-                err.print(f"[red]{path}: not queued[/red]")
-                for problem in e.problems:
-                    err.print(f"  {problem}")
-                continue
-            except Exception as e:  # an idea the checker itself chokes on
-                invalid += 1
-                err.print(f"[red]{path}: not queued: cannot read it ({type(e).__name__}: {e})[/red]")
-                continue
-            workspace = workspace_for(path, idea.content_hash, root)
-            if (workspace / ".labrun" / "state.json").is_file() and finished_and_intact(workspace):
-                console.print(f"{path.name}: {workspace} already holds this session, complete; not queued")
-                continue
-            run = submit_session(path, workspace, args.agent, args.model, args.deployment)
-            console.print(f"{path.name} → {workspace}\n  flow run {run.name} {run.id}\n  {flow_run_url(run.id)}")
-    return 2 if invalid else 0
+                outcomes.append(_queue_one(path, root, args))
+            except httpx.HTTPError as e:
+                reason = (f"{e.response.status_code} {e.response.reason_phrase}"
+                          if isinstance(e, httpx.HTTPStatusError) else f"{type(e).__name__}: {e}")
+                raise _cli_error(
+                    f"{path.name}: the Prefect API at {api_url} failed ({reason}) after "
+                    f"{get_current_settings().client.max_retries} retries, with {outcomes.count('queued')} "
+                    "idea(s) queued; run the same command again to queue the rest (a queued run is "
+                    "not queued twice)", code=1
+                ) from None
+    return 2 if "invalid" in outcomes else 0
+
+
+def _queue_one(path: Path, root: Path, args) -> str:
+    """Submit one idea's session run, or say why not: "queued", "invalid" or "skipped"."""
+    from labrun.cli import console, err
+    from labrun.idea import IdeaError, load_idea
+    from labrun.status import finished_and_intact
+
+    try:
+        idea = load_idea(path)
+    except IdeaError as e:
+        err.print(f"[red]{path}: not queued[/red]")
+        for problem in e.problems:
+            err.print(f"  {problem}")
+        return "invalid"
+    except Exception as e:  # an idea the checker itself chokes on
+        err.print(f"[red]{path}: not queued: cannot read it ({type(e).__name__}: {e})[/red]")
+        return "invalid"
+    workspace = workspace_for(path, idea.content_hash, root)
+    if (workspace / ".labrun" / "state.json").is_file() and finished_and_intact(workspace):
+        console.print(f"{path.name}: {workspace} already holds this session, complete; not queued")
+        return "skipped"
+    active = active_session_run(workspace)
+    if active is not None:
+        console.print(f"{path.name}: {workspace} is queued or running already (flow run {active.name} "
+                      f"{active.id}, {active.state.name if active.state else 'no state'}); not queued again")
+        return "skipped"
+    run = submit_session(path, workspace, args.agent, args.model, args.deployment)
+    console.print(f"{path.name} → {workspace}\n  flow run {run.name} {run.id}\n  {flow_run_url(run.id)}")
+    return "queued"
 
 
 def _api_url_for_clients() -> str:

@@ -298,6 +298,9 @@ def test_labrun_server_command(tmp_path):
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
         run_id = UUID_RE.search(queued).group(0)
+        again = labrun("queue", str(EXAMPLES / "demo_noise_averaging.yaml"), "--workspaces",
+                       str(tmp_path / "ws"), env=client_env).stdout
+        assert "queued or running already" in again and run_id in again, again
         with temporary_settings({PREFECT_API_URL: api_url}):
             assert wait_for([run_id], timeout_s=180)[run_id].state.type.value == "COMPLETED"
             with client() as c:
