@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from labrun.secrets import redact_data
 from labrun.usage import Usage
@@ -139,11 +139,6 @@ class Conversation:
             else:
                 messages.append({"role": "user", "content": list(blocks)})
         return messages
-
-    def tools_used(self) -> Iterator[str]:
-        for r in self.records:
-            if r["kind"] == "tool_result":
-                yield r["name"]
 
 
 def _read_records(path: Path, repair: bool) -> list[dict[str, Any]]:
