@@ -43,14 +43,14 @@ def timed(fn) -> float:
 
 
 def engine_session(ws: Path) -> None:
-    from flows.session import research_session
+    from labrun.flows.session import research_session
 
     state = research_session(str(IDEA), str(ws), "scripted", return_state=True)
     assert state.is_completed(), state.message
 
 
 def engine_resume(ws: Path) -> None:
-    from flows.session import research_session
+    from labrun.flows.session import research_session
 
     assert research_session(None, str(ws), return_state=True).is_completed()
 
@@ -105,7 +105,7 @@ def plain_tool(ws: Path, name: str, inp: dict) -> str:
 def engine_attempt(ws: Path, n: int) -> None:
     from labrun.session import Session
     from labrun.tools import ToolBox
-    from phases import BY_KEY
+    from labrun.phases import BY_KEY
 
     session = Session.open(ws)
     try:

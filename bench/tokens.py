@@ -139,7 +139,7 @@ def all_phases_prompt(system: str, idea_dict: dict, domain: str) -> str:
     """One system prompt with every phase's instructions and domain guidance, then the idea
     and digest of `system` (a phase's prompt as sent), as NeuriCo's single prompt has it."""
     from labrun import prompts
-    from phases import PHASES
+    from labrun.phases import PHASES
 
     preamble = prompts._tidy(prompts.env.get_template("preamble.md.j2").render()).strip()
     parts = ["# Research session: all six phases", preamble]
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> None:
     from rich.console import Console
 
     from auto_responder import IDEA
-    from phases import PHASES
+    from labrun.phases import PHASES
 
     console = Console()
     if not console.is_terminal:

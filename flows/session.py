@@ -21,8 +21,8 @@ from labrun.artifacts import SessionArtifacts
 from labrun.model import UsageWindowSpent
 from labrun.session import Session
 from labrun.windows import wait_out
-from phases import PHASES
-from phases.phase import manifest_digest, phase_version, run_phase
+from labrun.phases import PHASES
+from labrun.phases.phase import manifest_digest, phase_version, run_phase
 
 
 class _RunLogHandler(APILogHandler):

@@ -18,7 +18,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+from labrun.resources import EXAMPLES
+
 DEMO_IDEA = EXAMPLES / "demo_noise_averaging.yaml"
 
 console = Console(highlight=False, soft_wrap=True)
@@ -255,7 +256,7 @@ def _run_flow(idea_path, workspace, agent, model, budget_usd, max_turns) -> int:
             make_agent(effective, model)  # finds `claude`, or says how to install it
         except AgentUnavailable as e:
             raise CliError(str(e)) from None
-    from flows.session import research_session
+    from labrun.flows.session import research_session
 
     _quiet_prefect_console()
     try:

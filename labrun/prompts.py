@@ -15,9 +15,8 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-from phases import BY_KEY, PHASES
-
-TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
+from labrun.phases import BY_KEY, PHASES
+from labrun.resources import TEMPLATES
 FALLBACK_DOMAIN = "general"
 _DOMAIN_NAME = re.compile(r"^[a-z0-9][a-z0-9_\-]*$")
 

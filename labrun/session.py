@@ -17,7 +17,7 @@ from labrun.state import Attempt, SessionState, StateStore
 from labrun.journal import Conversation, phase_usage
 from labrun.usage import Budget, Usage
 from labrun.workspace import Workspace, write_json
-from phases import PHASES, Phase
+from labrun.phases import PHASES, Phase
 
 IGNORED_DIRS = {".labrun", ".git", ".venv", "venv", "__pycache__", "node_modules",
                 ".ipynb_checkpoints", ".pytest_cache", ".mypy_cache"}

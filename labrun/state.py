@@ -17,14 +17,14 @@ from typing import Callable, Literal
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from pydantic import BaseModel, Field
 
+from labrun.resources import TEMPLATES
 from labrun.secrets import redact
 from labrun.workspace import Workspace, write_atomic
-from phases import PHASES, SECTION_TITLES
+from labrun.phases import PHASES, SECTION_TITLES
 
 log = logging.getLogger("labrun")
 PhaseStatus = Literal["pending", "IN PROGRESS", "DONE", "FAILED"]
 AttemptStatus = Literal["RUNNING", "FAILED", "SUCCESS", "INTERRUPTED"]
-TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 STATE_SECTIONS = (
     "Session Title", "Current State", "Worklog", "Research Specification",
     "Files and Resources", "Workflow", "Experiment Design", "Experiment Attempts",

@@ -11,7 +11,7 @@ from labrun.session import changed_outputs
 from labrun.state import SessionState
 from labrun.usage import Usage
 from labrun.workspace import Workspace
-from phases import PHASES
+from labrun.phases import PHASES
 
 
 def load_state(ws: Workspace) -> SessionState:

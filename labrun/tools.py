@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from labrun.commands import run_command
+from labrun.resources import TEMPLATES
 from labrun.secrets import redact
-from phases import SECTION_TITLES, Phase
+from labrun.phases import SECTION_TITLES, Phase
 
 if TYPE_CHECKING:
     from labrun.session import Session
 
-TOOL_DOCS = Path(__file__).resolve().parents[1] / "templates" / "tools"
+TOOL_DOCS = TEMPLATES / "tools"
 BASH_TIMEOUT_S = 600
 BASH_MAX_OUTPUT = 50_000_000
 VIEW_MAX_CHARS = 40_000
@@ -206,7 +207,7 @@ class ToolBox:
         return shown or f"{rel} is empty"
 
     def run_experiment(self, inp: RunExperimentInput) -> str:
-        from phases.attempts import start_attempt  # Prefect is only needed once attempts run
+        from labrun.phases.attempts import start_attempt  # Prefect is only needed once attempts run
 
         attempt = start_attempt(self.session, self.phase.key, inp)
         metrics = ", ".join(f"{k}={v}" for k, v in attempt.metrics.items()) or "none"

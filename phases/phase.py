@@ -19,7 +19,7 @@ from labrun.crashpoints import crashpoint
 from labrun.journal import Conversation, phase_usage
 from labrun.session import Session, workspace_files
 from labrun.tools import ToolBox, tool_specs
-from phases import BY_KEY
+from labrun.phases import BY_KEY
 
 
 def phase_version(session: Session, key: str) -> str:

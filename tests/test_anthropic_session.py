@@ -30,7 +30,7 @@ from labrun.prices import cost_usd  # noqa: E402
 from labrun.state import phase_table  # noqa: E402
 from labrun.status import session_status  # noqa: E402
 from labrun.usage import Usage  # noqa: E402
-from phases import PHASES  # noqa: E402
+from labrun.phases import PHASES  # noqa: E402
 
 USAGE_FIELDS = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
 RATE_LIMITED = {"status": 429, "error": {"type": "rate_limit_error", "message": "Number of request tokens has exceeded your per-minute rate limit"},
@@ -305,7 +305,7 @@ def test_cache_breakpoints_and_a_conversation_rebuilt_byte_for_byte(full_session
 
 
 def test_429_529_and_500_mid_phase_are_retried_by_prefect_and_the_session_completes(tmp_path, idea, serve):
-    from flows.session import research_session
+    from labrun.flows.session import research_session
 
     faults = {("setup", 2): [RATE_LIMITED], ("experiments", 2): [OVERLOADED], ("analysis", 2): [SERVER_ERROR]}
     api = serve(AutoResearcher(faults))
@@ -402,7 +402,7 @@ def test_kill_9_during_a_model_call_then_resume_pays_for_no_turn_twice(tmp_path,
 
 
 def test_a_phase_cut_off_before_its_first_reply_asks_the_same_request_again(tmp_path, idea, serve):
-    from flows.session import research_session
+    from labrun.flows.session import research_session
 
     api = serve(AutoResearcher({("setup", 1): [BAD_KEY]}))
     ws = tmp_path / "ws"

@@ -24,7 +24,7 @@ from support import alive, group_alive, labrun, start_labrun, wait_for  # noqa: 
 
 from labrun.journal import Conversation  # noqa: E402
 from labrun.state import phase_table  # noqa: E402
-from phases import PHASES  # noqa: E402
+from labrun.phases import PHASES  # noqa: E402
 
 from auto_responder import IDEA  # noqa: E402  (the same small idea as the Anthropic tests)
 

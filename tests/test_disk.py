@@ -15,7 +15,7 @@ from labrun.session import Session
 from labrun.state import phase_table
 from labrun.tools import ToolBox
 from labrun.workspace import DiskFull
-from phases import BY_KEY
+from labrun.phases import BY_KEY
 
 FLOOR_MB = 8
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from labrun import prompts
-from phases import BY_KEY, PHASES
+from labrun.phases import BY_KEY, PHASES
 
 KEYS = [p.key for p in PHASES]
 TEMPLATES = Path(prompts.__file__).resolve().parents[1] / "templates"

@@ -17,20 +17,20 @@ from support import DEMO_IDEA, group_alive, labrun, start_labrun, wait_for
 from labrun.journal import Conversation
 from labrun.state import parse_state_md, phase_table
 from labrun.status import session_status
-from phases import PHASES
+from labrun.phases import PHASES
 
 SCRIPT_TURNS = {"planning": 2, "setup": 2, "implementation": 2, "experiments": 4,
                 "analysis": 2, "documentation": 3}
 
 
 def run_flow(workspace: Path, **kwargs):
-    from flows.session import research_session
+    from labrun.flows.session import research_session
 
     return research_session(str(DEMO_IDEA), str(workspace), "scripted", return_state=True, **kwargs)
 
 
 def resume_flow(workspace: Path):
-    from flows.session import research_session
+    from labrun.flows.session import research_session
 
     return research_session(None, str(workspace), return_state=True)
 
