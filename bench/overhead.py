@@ -104,12 +104,12 @@ def plain_tool(ws: Path, name: str, inp: dict) -> str:
 
 def engine_attempt(ws: Path, n: int) -> None:
     from labrun.session import Session
-    from labrun.tools import ToolBox
+    from labrun.phases.phase import toolbox
     from labrun.phases import BY_KEY
 
     session = Session.open(ws)
     try:
-        box = ToolBox(session, BY_KEY["experiments"])
+        box = toolbox(session, BY_KEY["experiments"])
         result = box.call("run_experiment", {"command": "python3 -c 'print(1)'", "purpose": f"bench {n}"})
         assert "SUCCESS" in result.content, result.content
     finally:

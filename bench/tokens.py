@@ -143,10 +143,10 @@ def all_phases_prompt(system: str, idea_dict: dict, domain: str) -> str:
 
     preamble = prompts._tidy(prompts.env.get_template("preamble.md.j2").render()).strip()
     parts = ["# Research session: all six phases", preamble]
-    for p in PHASES:
+    for n, p in enumerate(PHASES, 1):
         rendered = prompts.system_prompt(p.key, idea_dict, domain, "")
         start = rendered.index(preamble) + len(preamble)
-        parts.append(f"# Phase {p.number} of 6: {p.key}\n\n" + rendered[start:rendered.index("## The research idea")].strip())
+        parts.append(f"# Phase {n} of 6: {p.key}\n\n" + rendered[start:rendered.index("## The research idea")].strip())
     parts.append(system[system.index("## The research idea"):].strip())
     return "\n\n".join(parts) + "\n"
 

@@ -1,8 +1,9 @@
-"""The research session flow: six cached phase tasks, in order.
+"""The research session flow: the session's phases as cached tasks, in order.
 
 Every run of a session (a fresh `labrun resume`, a Retry pressed in the Prefect UI, a
-deployment re-run) walks the same six tasks; the cache skips finished ones, and a phase
-whose outputs changed on disk runs again, with everything after it.
+deployment re-run) walks the same phase tasks, the list the session was started with (the
+six research phases unless `with_phases` added optional ones); the cache skips finished
+ones, and a phase whose outputs changed on disk runs again, with everything after it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from labrun.artifacts import SessionArtifacts
 from labrun.model import UsageWindowSpent
 from labrun.session import Session
 from labrun.windows import wait_out
-from labrun.phases import PHASES
 from labrun.phases.phase import manifest_digest, phase_version, run_phase
 
 
@@ -51,8 +51,11 @@ def research_session(
     model: str | None = None,
     budget_usd: float | None = None,
     max_turns: int | None = None,
+    with_phases: list[str] | None = None,
 ) -> dict[str, Any]:
-    session = Session.open(workspace, idea_path, agent, model, budget_usd, max_turns)
+    """`with_phases`: optional phases a new session runs too (e.g. ["resources", "paper"]);
+    a session keeps the phases it started with."""
+    session = Session.open(workspace, idea_path, agent, model, budget_usd, max_turns, with_phases or ())
     artifacts = SessionArtifacts.attach(session)  # STATE.md, attempts, progress, usage in the UI
     try:
         return run_session(session)
@@ -66,17 +69,17 @@ def run_session(session: Session) -> dict[str, Any]:
     store.log(f"session run started (agent {session.state.agent})")
     upstream: list[str] = []
     refresh = False
-    for phase in PHASES:
+    for number, phase in enumerate(session.phases, 1):
         changed = session.stale_outputs(phase.key)
         if changed:
-            store.log(f"phase {phase.number} {phase.key}: outputs changed ({', '.join(changed[:5])}); running it again")
+            store.log(f"phase {number} {phase.key}: outputs changed ({', '.join(changed[:5])}); running it again")
         refresh = refresh or bool(changed)
         task = run_phase.with_options(result_storage=ws.results, refresh_cache=refresh)
         params = dict(
             session_id=session.state.session_id,
             workspace=str(ws.root),
             phase_key=phase.key,
-            number=phase.number,
+            number=number,
             version=phase_version(session, phase.key),
             upstream="-".join(upstream) or "none",
             rerun=refresh,
@@ -84,20 +87,20 @@ def run_session(session: Session) -> dict[str, Any]:
         state: State = task(**params, return_state=True)
         while isinstance(spent := _exception(state), UsageWindowSpent):
             # On a worker this reschedules the flow run for the reset time and exits instead.
-            wait_out(spent, f"phase {phase.number} {phase.key}", store)
+            wait_out(spent, f"phase {number} {phase.key}", store)
             state = task(**params, return_state=True)  # resumes the phase from its journal
         if not state.is_completed():
             error = _reason(state)
-            store.set_phase(phase.key, "FAILED", f"phase {phase.number} {phase.key} failed: {error}", error)
+            store.set_phase(phase.key, "FAILED", f"phase {number} {phase.key} failed: {error}", error)
             if isinstance(_exception(state), AgentUnavailable):
                 raise _exception(state)  # its message says what to install or run
             raise SessionStopped(f"phase {phase.key} stopped: {error}")
         manifest = state.result()
         cached = state.name == "Cached"
         if cached:
-            event = f"phase {phase.number} {phase.key} skipped (finished earlier)"
+            event = f"phase {number} {phase.key} skipped (finished earlier)"
         else:
-            event = f"phase {phase.number} {phase.key} finished"
+            event = f"phase {number} {phase.key} finished"
         store.set_phase(phase.key, "DONE", event)
         upstream.append(manifest_digest(manifest))
     store.log("session complete")

@@ -71,6 +71,8 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--workspace", required=True)
     run.add_argument("--agent", choices=("anthropic", "claude-code", "scripted"), default=None)
     run.add_argument("--model", default=None)
+    run.add_argument("--with", dest="with_phases", default="", metavar="PHASE,...",
+                     help="optional phases to run besides the six research phases")
     _limits(run)
     run.set_defaults(handler=cmd_run)
 
@@ -202,7 +204,15 @@ def cmd_run(args) -> int:
         console.print(f"[yellow]note:[/yellow] {args.workspace} is not empty; the agent will work beside what is there.")
     # A new session defaults to the real agent; an existing one keeps its own.
     agent = args.agent or ("anthropic" if not state_file.is_file() else None)
-    return _run_flow(args.idea, args.workspace, agent, args.model, args.budget_usd, args.max_turns)
+    from labrun.phases import phase_list
+
+    with_phases = [p for p in args.with_phases.split(",") if p.strip()]
+    try:
+        phase_list(with_phases)
+    except ValueError as e:
+        raise CliError(f"--with: {e}") from None
+    return _run_flow(args.idea, args.workspace, agent, args.model, args.budget_usd, args.max_turns,
+                     with_phases)
 
 
 def cmd_resume(args) -> int:
@@ -232,12 +242,13 @@ def cmd_demo(args) -> int:
     return code
 
 
-def _run_flow(idea_path, workspace, agent, model, budget_usd, max_turns) -> int:
+def _run_flow(idea_path, workspace, agent, model, budget_usd, max_turns, with_phases=()) -> int:
     _configure_logging()
     # Prefect's first ephemeral start migrates a new database: on a small machine that takes
     # longer than Prefect's default 20 s wait.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     from labrun.agents import AgentUnavailable
+    from labrun.session import SessionMismatch
     from labrun.workspace import WorkspaceBusy
 
     state_file = Path(workspace) / ".labrun" / "state.json"
@@ -260,8 +271,9 @@ def _run_flow(idea_path, workspace, agent, model, budget_usd, max_turns) -> int:
 
     _quiet_prefect_console()
     try:
-        research_session(idea_path, str(Path(workspace).resolve()), agent, model, budget_usd, max_turns)
-    except (WorkspaceBusy, AgentUnavailable) as e:
+        research_session(idea_path, str(Path(workspace).resolve()), agent, model, budget_usd, max_turns,
+                         list(with_phases))
+    except (WorkspaceBusy, AgentUnavailable, SessionMismatch) as e:
         raise CliError(str(e)) from None
     except Exception as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__

@@ -1,22 +1,27 @@
 """The agent's prompts, rendered from the Jinja2 templates under `templates/`.
 
-No prompt text lives in code. A phase's system prompt is `templates/phases/<key>.md.j2`,
-which extends the layout `templates/system.md.j2` (first line, shared preamble, the phase's
-own instructions, the domain's guidance for that phase, the idea, the STATE.md digest).
-Domain guidance is `templates/domains/<domain>/<key>.md.j2`; a domain without a folder, or a
-folder without a file for the phase, falls back to `templates/domains/general/`.
+No prompt text lives in code. A phase's system prompt is `phases/<key>.md.j2` in the
+phase's template folder (`Phase.templates`; labrun's own `templates/` for its phases), which
+extends the layout `templates/system.md.j2` (first line, shared preamble, the phase's own
+instructions, the domain's guidance for that phase, the idea, the STATE.md digest). Domain
+guidance is `domains/<domain>/<key>.md.j2`; a domain without a folder, or a folder without a
+file for the phase, falls back to `domains/general/`. A phase's number and the count of
+phases come from the session's own phase list (`order`).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
-from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from jinja2 import ChoiceLoader, Environment, FileSystemLoader, StrictUndefined, TemplateNotFound
 
-from labrun.phases import BY_KEY, PHASES
+from labrun.phases import BY_KEY, DEFAULT, Phase
+from labrun import resources
 from labrun.resources import TEMPLATES
+
 FALLBACK_DOMAIN = "general"
 _DOMAIN_NAME = re.compile(r"^[a-z0-9][a-z0-9_\-]*$")
 
@@ -27,8 +32,10 @@ def _given(value: Any) -> bool:
 
 
 def make_env(root: Path) -> Environment:
+    """Templates under `root`, then labrun's own (the layout, the preamble, the notes)."""
+    roots = dict.fromkeys([str(root), str(TEMPLATES)])
     env = Environment(
-        loader=FileSystemLoader(str(root)),
+        loader=ChoiceLoader([FileSystemLoader(r) for r in roots]),
         undefined=StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
@@ -36,15 +43,23 @@ def make_env(root: Path) -> Environment:
         autoescape=False,
     )
     env.tests["given"] = _given
-    env.globals["PHASES"] = PHASES
-    env.globals["phase_number"] = {p.key: p.number for p in PHASES}
     return env
 
 
 env = make_env(TEMPLATES)
 
 
-def _phase(phase_key: str):
+def _env_for(templates: Path) -> Environment:
+    """The environment of a phase's template folder (labrun's own: `env`)."""
+    return env if templates == resources.TEMPLATES else _own_env(templates)
+
+
+@functools.cache
+def _own_env(templates: Path) -> Environment:
+    return make_env(templates)
+
+
+def _phase(phase_key: str) -> Phase:
     try:
         return BY_KEY[phase_key]
     except KeyError:
@@ -53,9 +68,22 @@ def _phase(phase_key: str):
         ) from None
 
 
-def _phase_vars(phase_key: str) -> dict[str, Any]:
+def _phase_vars(phase_key: str, order: Sequence[str]) -> dict[str, Any]:
+    """`n` of `total`: the phase's place in the session's phase list `order`."""
     phase = _phase(phase_key)
-    return {"phase": phase, "n": phase.number, "key": phase.key, "total": len(PHASES)}
+    order = list(order)
+    if phase_key not in order:
+        raise ValueError(f"phase {phase_key!r} is not one of this session's phases ({', '.join(order)})")
+    return {"phase": phase, "n": order.index(phase_key) + 1, "key": phase.key, "total": len(order),
+            "rule": phase.rule_text()}
+
+
+def _exists(env: Environment, name: str) -> bool:
+    try:
+        env.loader.get_source(env, name)
+    except TemplateNotFound:
+        return False
+    return True
 
 
 def _tidy(text: str) -> str:
@@ -65,19 +93,21 @@ def _tidy(text: str) -> str:
 
 
 def guidance_domain(domain: str | None) -> str:
-    """`domain` if `templates/domains/<domain>/` exists, else "general"."""
+    """`domain` if labrun's `templates/domains/<domain>/` exists, else "general"."""
     name = (domain or "").strip().lower()
     if name and _DOMAIN_NAME.match(name) and (TEMPLATES / "domains" / name).is_dir():
         return name
     return FALLBACK_DOMAIN
 
 
-def _domain_template(phase_key: str, domain: str | None) -> str:
-    name = guidance_domain(domain)
-    candidate = f"domains/{name}/{phase_key}.md.j2"
-    if (TEMPLATES / candidate).is_file():
-        return candidate
-    return f"domains/{FALLBACK_DOMAIN}/{phase_key}.md.j2"
+def _domain_template(phase_key: str, domain: str | None) -> str | None:
+    """The domain's guidance for the phase, else the general guidance, else None."""
+    env = _env_for(_phase(phase_key).templates)
+    for name in (guidance_domain(domain), FALLBACK_DOMAIN):
+        candidate = f"domains/{name}/{phase_key}.md.j2"
+        if _exists(env, candidate):
+            return candidate
+    return None
 
 
 def _unwrap(idea: dict[str, Any]) -> dict[str, Any]:
@@ -87,12 +117,13 @@ def _unwrap(idea: dict[str, Any]) -> dict[str, Any]:
     return idea
 
 
-def system_prompt(phase_key: str, idea: dict, domain: str, digest: str) -> str:
-    """The system prompt of one phase. Its first line is `# Phase N of 6: <key>`."""
-    phase_vars = _phase_vars(phase_key)
+def system_prompt(phase_key: str, idea: dict, domain: str, digest: str,
+                  order: Sequence[str] = DEFAULT) -> str:
+    """The system prompt of one phase. Its first line is `# Phase N of M: <key>`."""
+    phase_vars = _phase_vars(phase_key, order)
     idea = _unwrap(dict(idea or {}))
     used = guidance_domain(domain)
-    text = env.get_template(f"phases/{phase_key}.md.j2").render(
+    text = _env_for(phase_vars["phase"].templates).get_template(f"phases/{phase_key}.md.j2").render(
         **phase_vars,
         idea=idea,
         idea_domain=(domain or idea.get("domain") or ""),
@@ -103,37 +134,47 @@ def system_prompt(phase_key: str, idea: dict, domain: str, digest: str) -> str:
     return _tidy(text)
 
 
-def kickoff(phase_key: str) -> str:
+def kickoff(phase_key: str, order: Sequence[str] = DEFAULT) -> str:
     """The first user message of a phase."""
-    return _tidy(env.get_template("kickoff.md.j2").render(**_phase_vars(phase_key)))
+    return _tidy(env.get_template("kickoff.md.j2").render(**_phase_vars(phase_key, order)))
 
 
-def resume_note(phase_key: str, interrupted: list[str]) -> str:
+def resume_note(phase_key: str, interrupted: list[str], order: Sequence[str] = DEFAULT) -> str:
     """The user note added when a phase's conversation resumes after an interruption."""
     return _tidy(env.get_template("resume_note.md.j2").render(
-        **_phase_vars(phase_key), interrupted=list(interrupted or [])))
+        **_phase_vars(phase_key, order), interrupted=list(interrupted or [])))
 
 
-def nudge(phase_key: str, missing: str) -> str:
+def nudge(phase_key: str, missing: str, order: Sequence[str] = DEFAULT) -> str:
     """The user message when a turn ends with no tool call and the phase is not complete."""
     return _tidy(env.get_template("nudge.md.j2").render(
-        **_phase_vars(phase_key), missing=(missing or "").strip()))
+        **_phase_vars(phase_key, order), missing=(missing or "").strip()))
 
 
 def digest(state: Any) -> str:
-    """A compact digest of STATE.md for the phase prompts."""
-    return _tidy(env.get_template("digest.md.j2").render(state=state))
+    """A compact digest of STATE.md for the phase prompts: the state's phases are the
+    session's, in order."""
+    numbers = {k: n for n, k in enumerate(state.phases, 1)}
+    handed_on = [(f, k) for k, r in state.phases.items() if _status(r) == "DONE"
+                 for f in BY_KEY[k].hands_on] if state.phases else []
+    return _tidy(env.get_template("digest.md.j2").render(state=state, phase_number=numbers,
+                                                         handed_on=handed_on))
+
+
+def _status(record: Any) -> str:
+    status = record.status
+    return getattr(status, "value", status)
 
 
 def template_sources(phase_key: str, domain: str) -> str:
     """The source text of every template that shapes this phase's prompts, concatenated,
     for the phase's cache version."""
-    _phase(phase_key)
+    phase_env = _env_for(_phase(phase_key).templates)
     names = [
         "system.md.j2",
         "preamble.md.j2",
         f"phases/{phase_key}.md.j2",
-        _domain_template(phase_key, domain),
+        *filter(None, [_domain_template(phase_key, domain)]),
         "kickoff.md.j2",
         "resume_note.md.j2",
         "nudge.md.j2",
@@ -142,7 +183,7 @@ def template_sources(phase_key: str, domain: str) -> str:
     ]
     parts = []
     for name in names:
-        source, _, _ = env.loader.get_source(env, name)
+        source, _, _ = phase_env.loader.get_source(phase_env, name)
         parts.append(f"--- {name}\n{source}")
     return "\n".join(parts)
 

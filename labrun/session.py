@@ -9,15 +9,15 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from labrun.commands import kill_group
 from labrun.idea import Idea, load_idea
-from labrun.state import Attempt, SessionState, StateStore
+from labrun.state import Attempt, PhaseRecord, SessionState, StateStore
 from labrun.journal import Conversation, phase_usage
 from labrun.usage import Budget, Usage
 from labrun.workspace import Workspace, write_json
-from labrun.phases import PHASES, Phase
+from labrun.phases import BY_KEY, Phase, Work, phase_list
 
 IGNORED_DIRS = {".labrun", ".git", ".venv", "venv", "__pycache__", "node_modules",
                 ".ipynb_checkpoints", ".pytest_cache", ".mypy_cache"}
@@ -87,10 +87,13 @@ class Session:
         model: str | None = None,
         budget_usd: float | None = None,
         max_turns: int | None = None,
+        with_phases: Iterable[str] = (),
     ) -> "Session":
-        """Open (or create) the session in `workspace` and hold its lock until `close`."""
+        """Open (or create) the session in `workspace` and hold its lock until `close`.
+        `with_phases` names the optional phases a new session runs besides the default ones."""
         ws = Workspace(workspace)
         idea = load_idea(idea_path) if idea_path else None
+        keys = phase_list(with_phases)  # an unknown name fails before anything is written
         if ws.state_file.exists() and idea is not None:
             state = StateStore.load(ws).state
             if state.idea_hash != idea.content_hash:
@@ -105,6 +108,7 @@ class Session:
                 store = StateStore.load(ws)
                 idea = load_idea(ws.data / "idea.yaml")
                 session = cls(ws, store, idea)
+                session._check_phases(keys if with_phases else None)
                 session._settle(agent, model, budget_usd, max_turns)
                 session.reconcile_after_crash()
             else:
@@ -121,6 +125,7 @@ class Session:
                     model=model,
                     budget_usd=budget_usd if budget_usd is not None else idea.budget_usd,
                     max_turns=max_turns,
+                    phases={k: PhaseRecord() for k in keys},
                 )
                 store = StateStore(ws, state)
                 session = cls(ws, store, idea)
@@ -139,6 +144,16 @@ class Session:
     def close(self) -> None:
         self._open.pop(str(self.ws.root), None)
         self.ws.unlock()
+
+    def _check_phases(self, wanted: tuple[str, ...] | None) -> None:
+        unknown = [k for k in self.state.phases if k not in BY_KEY]
+        if unknown:
+            raise SessionMismatch(f"{self.ws.root}: this session has a phase {unknown[0]!r} that this "
+                                  f"labrun does not know (it knows {', '.join(BY_KEY)})")
+        if wanted is not None and wanted != tuple(self.state.phases):
+            raise SessionMismatch(
+                f"{self.ws.root}: this session's phases were fixed when it started "
+                f"({', '.join(self.state.phases)}); use a new --workspace for other phases")
 
     def _settle(self, agent: str | None, model: str | None, budget_usd: float | None,
                 max_turns: int | None) -> None:
@@ -204,13 +219,9 @@ class Session:
 
     # -- phases ----------------------------------------------------------------------------
 
-    def missing_for(self, phase: Phase, given: dict[str, str]) -> list[str]:
-        """What the phase's completion rule still lacks."""
-        missing = [f"file {f}" for f in phase.files if not (self.ws.root / f).is_file()]
-        missing += [f"section {s}" for s in phase.sections if not given.get(s)]
-        if phase.needs_success and not any(a.status == "SUCCESS" for a in self.state.attempts):
-            missing.append("a run_experiment attempt with status SUCCESS")
-        return missing
+    def work(self, sections: dict[str, str]) -> Work:
+        """What a phase's completion rule is checked against."""
+        return Work(self.ws.root, sections, self.state.attempts)
 
     def give_sections(self, phase_key: str, sections: dict[str, str]) -> None:
         with self.store._lock:
@@ -234,11 +245,11 @@ class Session:
 
     def open_phase(self) -> str | None:
         """The phase whose conversation a crash cut off, if any."""
-        for p in PHASES:
-            if self.state.phases[p.key].status != "DONE":
-                convo = Conversation.latest(self.ws.phase_dir(p.key))
+        for key, record in self.state.phases.items():
+            if record.status != "DONE":
+                convo = Conversation.latest(self.ws.phase_dir(key))
                 if convo is not None and convo.completed is None:
-                    return p.key
+                    return key
         return None
 
     def finish_phase(self, phase_key: str, manifest: dict[str, Any]) -> None:
@@ -247,8 +258,13 @@ class Session:
             self.state.file_digests.update(manifest["files"])
             self.store.save()
 
+    @property
+    def phases(self) -> list[Phase]:
+        """This session's phases, in order (fixed when it started)."""
+        return [BY_KEY[k] for k in self.state.phases]
+
     def usage(self) -> Usage:
-        return session_usage(self.ws)
+        return session_usage(self.ws, self.state.phases)
 
     def budget(self) -> Budget:
         return Budget(self.state.budget_usd, self.usage(), str(self.ws.root))
@@ -262,8 +278,8 @@ class Session:
         return (constraints.time_limit if constraints and constraints.time_limit else None) or DEFAULT_TIME_LIMIT_S
 
 
-def session_usage(ws: Workspace) -> Usage:
+def session_usage(ws: Workspace, keys) -> Usage:
     total = Usage()
-    for p in PHASES:
-        total += phase_usage(ws.phase_dir(p.key))
+    for key in keys:
+        total += phase_usage(ws.phase_dir(key))
     return total

@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 from labrun.resources import TEMPLATES
 from labrun.secrets import redact
 from labrun.workspace import Workspace, write_atomic
-from labrun.phases import PHASES, SECTION_TITLES
+from labrun.phases import DEFAULT, section_titles
 
 log = logging.getLogger("labrun")
 PhaseStatus = Literal["pending", "IN PROGRESS", "DONE", "FAILED"]
@@ -75,8 +75,9 @@ class SessionState(BaseModel):
     """Overrides every phase's turn limit when set."""
     created_at: str = Field(default_factory=now)
     phases: dict[str, PhaseRecord] = Field(
-        default_factory=lambda: {p.key: PhaseRecord() for p in PHASES}
+        default_factory=lambda: {k: PhaseRecord() for k in DEFAULT}
     )
+    """The session's phases, in the order they run (fixed when it started)."""
     worklog: list[str] = Field(default_factory=list)
     sections: dict[str, str] = Field(default_factory=dict)
     attempts: list[Attempt] = Field(default_factory=list)
@@ -85,9 +86,9 @@ class SessionState(BaseModel):
 
     @property
     def active_phase(self) -> str | None:
-        for p in PHASES:
-            if self.phases[p.key].status in ("IN PROGRESS", "FAILED"):
-                return p.key
+        for key, record in self.phases.items():
+            if record.status in ("IN PROGRESS", "FAILED"):
+                return key
         return None
 
     @property
@@ -103,7 +104,7 @@ class SessionState(BaseModel):
         running = [k for k, r in self.phases.items() if r.status == "IN PROGRESS"]
         if running:
             return f"phase {running[0]} is running; if no labrun process is, `labrun resume {workspace}`"
-        pending = next(p.key for p in PHASES if self.phases[p.key].status == "pending")
+        pending = next(k for k, r in self.phases.items() if r.status == "pending")
         return f"start phase {pending} (`labrun resume {workspace}`)"
 
 
@@ -125,8 +126,9 @@ _env.filters["demote"] = _demote_headings
 def render_state_md(state: SessionState, workspace: str) -> str:
     text = _env.get_template("STATE.md.j2").render(
         state=state,
-        phases=PHASES,
-        section_titles=SECTION_TITLES,
+        numbered=list(enumerate(state.phases, 1)),
+        of_total="" if tuple(state.phases) == DEFAULT else f" of {len(state.phases)}",
+        section_titles=section_titles(state.phases),
         next_action=state.next_action(workspace),
     )
     return redact(text)
@@ -186,6 +188,7 @@ def parse_state_md(text: str) -> dict[str, str]:
 
 
 def phase_table(text: str) -> dict[str, str]:
-    """`Phase N — key: status` lines of STATE.md's Current State, key → status."""
+    """`Phase N — key: status` lines of STATE.md's Current State, key → status (`Phase N of M
+    — key: status` when the session's phases are not the default six)."""
     body = parse_state_md(text).get("Current State", "")
-    return dict(re.findall(r"^Phase \d — (\w+): (.+)$", body, flags=re.M))
+    return dict(re.findall(r"^Phase \d+(?: of \d+)? — (\w+): (.+)$", body, flags=re.M))

@@ -11,7 +11,6 @@ from labrun.session import changed_outputs
 from labrun.state import SessionState
 from labrun.usage import Usage
 from labrun.workspace import Workspace
-from labrun.phases import PHASES
 
 
 def load_state(ws: Workspace) -> SessionState:
@@ -22,11 +21,10 @@ def session_status(root: Path) -> dict[str, Any]:
     ws = Workspace(root)
     state = load_state(ws)
     phases, total = [], Usage()
-    for p in PHASES:
-        usage = phase_usage(ws.phase_dir(p.key))
+    for number, (key, record) in enumerate(state.phases.items(), 1):
+        usage = phase_usage(ws.phase_dir(key))
         total += usage
-        record = state.phases[p.key]
-        phases.append({"key": p.key, "number": p.number, "status": record.status,
+        phases.append({"key": key, "number": number, "status": record.status,
                        "runs": record.runs, "error": record.error, "usage": usage.model_dump()})
     return {
         "session": {
@@ -59,8 +57,8 @@ def finished_and_intact(root: Path) -> bool:
     state = load_state(ws)
     if not state.complete:
         return False
-    for p in PHASES:
-        manifest_file = ws.phase_dir(p.key) / "manifest.json"
+    for key in state.phases:
+        manifest_file = ws.phase_dir(key) / "manifest.json"
         if not manifest_file.exists():
             return False
         if changed_outputs(json.loads(manifest_file.read_text()), state.file_digests, ws.root):

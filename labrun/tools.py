@@ -7,20 +7,22 @@ result the agent can act on.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, create_model
 
 from labrun.commands import run_command
 from labrun.resources import TEMPLATES
 from labrun.secrets import redact
-from labrun.phases import SECTION_TITLES, Phase
+from labrun.phases import Phase, section_titles
 
 if TYPE_CHECKING:
     from labrun.session import Session
+    from labrun.state import Attempt
 
 TOOL_DOCS = TEMPLATES / "tools"
 BASH_TIMEOUT_S = 600
@@ -36,18 +38,20 @@ class RunExperimentInput(BaseModel):
     fix_applied: str | None = Field(default=None, description="After a failure: what you changed.")
 
 
-class Sections(BaseModel):
-    research_specification: str | None = None
-    files_and_resources: str | None = None
-    workflow: str | None = None
-    experiment_design: str | None = None
-    experiment_results: str | None = None
-    learnings: str | None = None
+def complete_phase_input() -> type[BaseModel]:
+    """`complete_phase`'s input: a summary, and one optional markdown field per STATE
+    section that a registered phase gives."""
+    return _complete_phase_input(tuple(section_titles()))
 
 
-class CompletePhaseInput(BaseModel):
-    summary: str = Field(description="What this phase achieved, in a few sentences.")
-    sections: Sections = Field(default_factory=Sections, description="STATE.md sections (markdown).")
+@functools.cache
+def _complete_phase_input(section_keys: tuple[str, ...]) -> type[BaseModel]:
+    sections = create_model("Sections", **{k: (str | None, None) for k in section_keys})
+    return create_model(
+        "CompletePhaseInput",
+        summary=(str, Field(description="What this phase achieved, in a few sentences.")),
+        sections=(sections, Field(default_factory=sections, description="STATE.md sections (markdown).")),
+    )
 
 
 class BashInput(BaseModel):
@@ -78,7 +82,7 @@ def tool_specs() -> list[dict[str, Any]]:
         {"type": "bash_20250124", "name": "bash"},
         {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"},
         custom("run_experiment", RunExperimentInput),
-        custom("complete_phase", CompletePhaseInput),
+        custom("complete_phase", complete_phase_input()),
     ]
 
 
@@ -92,10 +96,15 @@ class ToolError(Exception):
     """A mistake of the agent's, reported back to it as an error result."""
 
 
+StartAttempt = Callable[["Session", str, RunExperimentInput], "Attempt"]
+"""Runs one experiment attempt for a phase (the phase layer's Prefect subtask)."""
+
+
 class ToolBox:
-    def __init__(self, session: "Session", phase: Phase):
+    def __init__(self, session: "Session", phase: Phase, start_attempt: StartAttempt):
         self.session = session
         self.phase = phase
+        self.start_attempt = start_attempt
         self.root = session.ws.root
         self.completed: str | None = None
         """The summary, once `complete_phase` succeeded."""
@@ -107,7 +116,7 @@ class ToolBox:
             "bash": (BashInput, self.bash),
             "str_replace_based_edit_tool": (EditorInput, self.edit),
             "run_experiment": (RunExperimentInput, self.run_experiment),
-            "complete_phase": (CompletePhaseInput, self.complete_phase),
+            "complete_phase": (complete_phase_input(), self.complete_phase),
         }.get(name)
         if handler is None:
             return ToolResult(f"Unknown tool {name!r}.", is_error=True)
@@ -207,9 +216,7 @@ class ToolBox:
         return shown or f"{rel} is empty"
 
     def run_experiment(self, inp: RunExperimentInput) -> str:
-        from labrun.phases.attempts import start_attempt  # Prefect is only needed once attempts run
-
-        attempt = start_attempt(self.session, self.phase.key, inp)
+        attempt = self.start_attempt(self.session, self.phase.key, inp)
         metrics = ", ".join(f"{k}={v}" for k, v in attempt.metrics.items()) or "none"
         return "\n".join([
             f"Attempt {attempt.n}: {attempt.status}",
@@ -223,9 +230,14 @@ class ToolBox:
             attempt_tail(self.root / attempt.log),
         ])
 
-    def complete_phase(self, inp: CompletePhaseInput) -> str:
+    def missing(self, sections: dict[str, str] | None = None) -> list[str]:
+        """What the phase's completion rule still lacks (sections: those given so far)."""
+        given = self.session.state.sections if sections is None else sections
+        return self.phase.missing(self.session.work(given))
+
+    def complete_phase(self, inp: BaseModel) -> str:
         given = {k: v for k, v in inp.sections.model_dump().items() if v and v.strip()}
-        missing = self.session.missing_for(self.phase, given)
+        missing = self.missing(given)
         if missing:
             raise ToolError(
                 f"The {self.phase.key} phase is not complete yet; missing: {'; '.join(missing)}. "
@@ -233,7 +245,7 @@ class ToolBox:
             )
         self.session.give_sections(self.phase.key, given)
         self.completed = inp.summary
-        titles = ", ".join(SECTION_TITLES[k] for k in given) or "no sections"
+        titles = ", ".join(section_titles()[k] for k in given) or "no sections"
         return f"Phase {self.phase.key} complete ({titles} recorded)."
 
 

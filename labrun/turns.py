@@ -99,8 +99,7 @@ def run_turns(model: Model, toolbox: ToolBox, convo: Conversation, system: str, 
             convo.add_tool_result(block["id"], block["name"], result.content, result.is_error)
         _report(toolbox, convo, tool_uses, budget.used)
         if not tool_uses and toolbox.completed is None:
-            missing = toolbox.session.missing_for(toolbox.phase, toolbox.session.state.sections)
-            convo.add_user_text(prompts.nudge(phase, "; ".join(missing)))
+            convo.add_user_text(prompts.nudge(phase, "; ".join(toolbox.missing()), toolbox.session.state.phases))
 
 
 def _report(toolbox: ToolBox, convo: Conversation, tool_uses: list[dict], used: Usage) -> None:

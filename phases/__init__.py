@@ -1,48 +1,114 @@
-"""The six phases (DESIGN.md, contract): what each asks of the agent and what completes it."""
+"""The phase registry: every phase declared once, with what completes it.
+
+A phase is one `Phase` declaration: its key, its title and job, the folder of its templates
+(`<templates>/phases/<key>.md.j2`, domain guidance under `<templates>/domains/`), its
+completion rule, its turn limit and the files it hands on to later phases. The flow, the
+tools and STATE.md read everything from here, so adding a phase is a declaration and its
+templates (`register`), nothing else.
+
+A session's phases are fixed when it starts (`phase_list`) and kept in its state, in order;
+the six research phases of DESIGN.md are the default.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
 
-SECTION_TITLES = {
-    "research_specification": "Research Specification",
-    "files_and_resources": "Files and Resources",
-    "workflow": "Workflow",
-    "experiment_design": "Experiment Design",
-    "experiment_results": "Experiment Results",
-    "learnings": "Learnings",
-}
+from labrun.phases.rules import Files, Rule, Sections, SuccessfulAttempt, Work
+from labrun.resources import TEMPLATES
+
+__all__ = ["Phase", "register", "phase_list", "BY_KEY", "PHASES", "DEFAULT", "SECTION_TITLES",
+           "Files", "Sections", "SuccessfulAttempt", "Rule", "Work"]
 
 
 @dataclass(frozen=True)
 class Phase:
-    number: int
     key: str
     title: str
     job: str
-    sections: tuple[str, ...] = ()
-    """STATE sections that `complete_phase` must give."""
-    files: tuple[str, ...] = ()
-    """Workspace files that must exist."""
-    needs_success: bool = False
-    """At least one experiment attempt must have succeeded."""
+    """What the agent does in this phase, in a few words (the kickoff says it)."""
+    done_when: tuple[Rule, ...]
+    """The completion rule: `complete_phase` succeeds once every part of it holds."""
     max_turns: int = 40
-    extra: dict = field(default_factory=dict)
+    hands_on: tuple[str, ...] = ()
+    """Workspace files the later phases build on; their prompts point to them."""
+    templates: Path = TEMPLATES
+    default: bool = True
+    """In every session unless left out; an optional phase is chosen with `--with`."""
+
+    @property
+    def sections(self) -> tuple[str, ...]:
+        """The STATE.md sections this phase gives through `complete_phase`."""
+        return tuple(k for r in self.done_when if isinstance(r, Sections) for k in r.titles)
+
+    def missing(self, work: Work) -> list[str]:
+        """What the completion rule still lacks, one item each; [] when it holds."""
+        return [m for rule in self.done_when for m in rule.missing(work)]
+
+    def rule_text(self) -> str:
+        """The completion rule in words, for the prompts."""
+        return " and ".join(rule.describe() for rule in self.done_when)
 
 
-PHASES: tuple[Phase, ...] = (
-    Phase(1, "planning", "Planning", "motivation, research question, plan",
-          sections=("research_specification",), files=("planning.md",), max_turns=30),
-    Phase(2, "setup", "Setup", "isolated environment, data loaded and checked",
-          sections=("files_and_resources", "workflow"), max_turns=40),
-    Phase(3, "implementation", "Implementation", "code for baselines, method and evaluation",
-          sections=("experiment_design",), max_turns=60),
-    Phase(4, "experiments", "Experiments", "run the experiments, one attempt at a time",
-          sections=("experiment_results",), needs_success=True, max_turns=60),
-    Phase(5, "analysis", "Analysis", "statistics, comparisons, figures",
-          sections=("learnings",), max_turns=40),
-    Phase(6, "documentation", "Documentation", "final write-up",
-          files=("REPORT.md", "README.md"), max_turns=30),
-)
+BY_KEY: dict[str, Phase] = {}
+"""Every known phase, in pipeline order."""
 
-BY_KEY = {p.key: p for p in PHASES}
+
+def register(phase: Phase, *, before: str | None = None, after: str | None = None) -> Phase:
+    """Add `phase` to the pipeline (at the end, or next to an existing phase)."""
+    if phase.key in BY_KEY and BY_KEY[phase.key] != phase:
+        raise ValueError(f"a different phase {phase.key!r} is registered already")
+    anchor = before or after
+    keys = [k for k in BY_KEY if k != phase.key]
+    if anchor is not None and anchor not in keys:
+        raise ValueError(f"cannot place phase {phase.key!r} next to unknown phase {anchor!r}")
+    at = len(keys) if anchor is None else keys.index(anchor) + (1 if after else 0)
+    keys.insert(at, phase.key)
+    known = {**BY_KEY, phase.key: phase}
+    BY_KEY.clear()
+    BY_KEY.update({k: known[k] for k in keys})
+    return phase
+
+
+def phase_list(chosen: Iterable[str] = ()) -> tuple[str, ...]:
+    """The keys of a new session's phases: the default ones plus the optional ones chosen,
+    in pipeline order. An unknown name is a ValueError that lists the known ones."""
+    chosen = [c.strip() for c in chosen if c.strip()]
+    unknown = [c for c in chosen if c not in BY_KEY]
+    if unknown:
+        raise ValueError(f"unknown phase {unknown[0]!r}; the phases are: {', '.join(BY_KEY)}")
+    return tuple(k for k, p in BY_KEY.items() if p.default or k in chosen)
+
+
+for _phase in (
+    Phase("planning", "Planning", "motivation, research question, plan",
+          (Files("planning.md"), Sections(research_specification="Research Specification")),
+          max_turns=30, hands_on=("planning.md",)),
+    Phase("setup", "Setup", "isolated environment, data loaded and checked",
+          (Sections(files_and_resources="Files and Resources", workflow="Workflow"),)),
+    Phase("implementation", "Implementation", "code for baselines, method and evaluation",
+          (Sections(experiment_design="Experiment Design"),), max_turns=60),
+    Phase("experiments", "Experiments", "run the experiments, one attempt at a time",
+          (SuccessfulAttempt(), Sections(experiment_results="Experiment Results")), max_turns=60),
+    Phase("analysis", "Analysis", "statistics, comparisons, figures",
+          (Sections(learnings="Learnings"),)),
+    Phase("documentation", "Documentation", "final write-up",
+          (Files("REPORT.md", "README.md"),), max_turns=30, hands_on=("REPORT.md",)),
+):
+    register(_phase)
+
+PHASES: tuple[Phase, ...] = tuple(BY_KEY.values())
+"""The six research phases of DESIGN.md, in order: every session's phases by default."""
+DEFAULT: tuple[str, ...] = tuple(p.key for p in PHASES)
+
+
+def section_titles(keys: Iterable[str] | None = None) -> dict[str, str]:
+    """Section key → title, in phase order, for the phases `keys` (default: every phase)."""
+    phases = BY_KEY.values() if keys is None else [BY_KEY[k] for k in keys]
+    return {k: t for p in phases for r in p.done_when if isinstance(r, Sections)
+            for k, t in r.titles.items()}
+
+
+SECTION_TITLES = section_titles(DEFAULT)

@@ -18,8 +18,9 @@ from labrun.agents import make_agent
 from labrun.crashpoints import crashpoint
 from labrun.journal import Conversation, phase_usage
 from labrun.session import Session, workspace_files
+from labrun.phases import BY_KEY, Phase
+from labrun.phases.attempts import start_attempt
 from labrun.tools import ToolBox, tool_specs
-from labrun.phases import BY_KEY
 
 
 def phase_version(session: Session, key: str) -> str:
@@ -31,6 +32,11 @@ def phase_version(session: Session, key: str) -> str:
         json.dumps({"agent": session.state.agent, **agent.settings}, sort_keys=True),
     ]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def toolbox(session: Session, phase: Phase) -> ToolBox:
+    """The agent's tools for one phase; its experiment attempts are Prefect subtasks."""
+    return ToolBox(session, phase, start_attempt)
 
 
 def manifest_digest(manifest: dict[str, Any]) -> str:
@@ -57,6 +63,7 @@ def run_phase(session_id: str, workspace: str, phase_key: str, number: int, vers
     phase_dir = session.ws.phase_dir(phase_key)
     key = _cache_key(None, {"session_id": session_id, "phase_key": phase_key,
                             "version": version, "upstream": upstream})
+    order = list(session.state.phases)
     record = session.state.phases[phase_key]
     record.runs += 1
     convo = Conversation.latest(phase_dir)
@@ -70,7 +77,7 @@ def run_phase(session_id: str, workspace: str, phase_key: str, number: int, vers
         for block in interrupted:
             convo.add_tool_result(block["id"], block["name"], prompts.interrupted_tool(block["name"]), True)
         if convo.completion() is None:
-            convo.add_user_text(prompts.resume_note(phase_key, [b["name"] for b in interrupted]))
+            convo.add_user_text(prompts.resume_note(phase_key, [b["name"] for b in interrupted], order))
         event = f"phase {number} {phase_key} resumed at turn {convo.turns + 1} (run {record.runs})"
     else:
         if convo is None or convo.completed is not None:
@@ -78,19 +85,19 @@ def run_phase(session_id: str, workspace: str, phase_key: str, number: int, vers
         # A phase cut off before its first reply keeps its prompt: the same request is asked again.
         if not any(r["kind"] == "system" for r in convo.records):
             system = prompts.system_prompt(phase_key, session.idea.as_prompt_dict(),
-                                           session.idea.guidance_domain, prompts.digest(session.state))
+                                           session.idea.guidance_domain, prompts.digest(session.state),
+                                           order)
             convo.append({"kind": "system", "text": system,
                           "files_before": workspace_files(session.ws.root)})
         if not any(r["kind"] == "user" for r in convo.records):
-            convo.add_user_text(prompts.kickoff(phase_key))
+            convo.add_user_text(prompts.kickoff(phase_key, order))
         event = f"phase {number} {phase_key} started (run {record.runs})"
     session.store.set_phase(phase_key, "IN PROGRESS", event)
 
     start = next(r for r in convo.records if r["kind"] == "system")
     if convo.completion() is None:
-        toolbox = ToolBox(session, phase)
         agent = make_agent(session.state.agent, session.state.model, session.ws.root)
-        agent.run_phase(toolbox, convo, start["text"], session.max_turns(phase), session.budget())
+        agent.run_phase(toolbox(session, phase), convo, start["text"], session.max_turns(phase), session.budget())
     completion = convo.completion()
 
     files_now = workspace_files(session.ws.root)

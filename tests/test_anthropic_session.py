@@ -242,7 +242,7 @@ def test_each_turn_is_logged_to_the_prefect_task_run_of_its_phase(full_session):
         flow_runs = [r.id for r in flow_runs_of(client, ws)]
         phase_runs = {t.id: t.name for t in client.read_task_runs(
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=flow_runs)),
-            task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=[f"{p.number}-{p.key}" for p in PHASES])))}
+            task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=[f"{n}-{p.key}" for n, p in enumerate(PHASES, 1)])))}
         logs = []
         deadline = time.monotonic() + 10
         while len(logs) < sum(TURNS.values()) and time.monotonic() < deadline:
@@ -251,9 +251,9 @@ def test_each_turn_is_logged_to_the_prefect_task_run_of_its_phase(full_session):
                 log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=flow_runs)), limit=200)
                 if log.name == "labrun" and " · turn " in log.message]
     seen = {(phase_runs.get(log.task_run_id), log.message.split(" · ")[:2][1]) for log in logs}
-    for p in PHASES:
+    for n, p in enumerate(PHASES, 1):
         for t in range(1, TURNS[p.key] + 1):
-            assert (f"{p.number}-{p.key}", f"turn {t}") in seen, (p.key, t, sorted(map(str, seen)))
+            assert (f"{n}-{p.key}", f"turn {t}") in seen, (p.key, t, sorted(map(str, seen)))
     # The line names the phase, turn, tools, tokens and cost.
     line = next(log.message for log in logs if log.message.startswith("experiments · turn 1 ·"))
     assert "run_experiment" in line and "tokens" in line and "$" in line

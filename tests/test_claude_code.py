@@ -182,8 +182,8 @@ def test_a_session_with_claude_code(idea, tmp_path, claude):
         assert Path(argv[argv.index("--mcp-config") + 1]).parent.name == c["phase"]
         assert c["cwd"] == str(ws)
     first_of = {c["phase"]: c for c in reversed(calls)}
-    assert all(first_of[p.key]["resume"] is None and first_of[p.key]["stdin"].startswith(f"Start phase {p.number}")
-               for p in PHASES)
+    assert all(first_of[p.key]["resume"] is None and first_of[p.key]["stdin"].startswith(f"Start phase {n}")
+               for n, p in enumerate(PHASES, 1))
 
     # claude died mid-phase: the same session is resumed, told it was interrupted
     died, resumed = claude.calls("experiments")

@@ -13,7 +13,7 @@ from support import DEMO_IDEA, labrun
 from labrun import workspace
 from labrun.session import Session
 from labrun.state import phase_table
-from labrun.tools import ToolBox
+from labrun.phases.phase import toolbox
 from labrun.workspace import DiskFull
 from labrun.phases import BY_KEY
 
@@ -68,7 +68,7 @@ def test_an_attempt_that_fills_the_disk_is_recorded_failed_and_the_next_step_wai
     session = Session.open(small_disk / "ws", DEMO_IDEA, "scripted")
     try:
         assert session.ws.reserve.stat().st_size == workspace.RESERVE_BYTES
-        box = ToolBox(session, BY_KEY["experiments"])
+        box = toolbox(session, BY_KEY["experiments"])
         result = box.call("run_experiment", {"command": "head -c 100M /dev/zero > big.bin", "purpose": "fill"})
         assert "Attempt 1: FAILED" in result.content and "the disk filled up" in result.content
         [attempt] = session.state.attempts
@@ -87,7 +87,7 @@ def test_an_attempt_that_fills_the_disk_is_recorded_failed_and_the_next_step_wai
     session = Session.open(small_disk / "ws")
     try:
         assert session.ws.reserve.exists()  # taken back on the next open
-        retry = ToolBox(session, BY_KEY["experiments"]).call(
+        retry = toolbox(session, BY_KEY["experiments"]).call(
             "run_experiment", {"command": "head -c 1M /dev/zero > small.bin", "purpose": "fits",
                                "fix_applied": "write 1 MB, not 100"})
         assert "Attempt 2: SUCCESS" in retry.content

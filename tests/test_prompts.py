@@ -11,9 +11,13 @@ import pytest
 import yaml
 
 from labrun import prompts
-from labrun.phases import BY_KEY, PHASES
+from labrun.phases import BY_KEY, PHASES, Files, SuccessfulAttempt
 
 KEYS = [p.key for p in PHASES]
+
+
+def files_of(phase) -> list[str]:
+    return [f for r in phase.done_when if isinstance(r, Files) for f in r.paths]
 TEMPLATES = Path(prompts.__file__).resolve().parents[1] / "templates"
 IDEAS = Path(__file__).resolve().parents[2] / "shared" / "neurico-ideas"
 IDEA_FILES = [
@@ -103,8 +107,8 @@ def neutral_state() -> NS:
                purpose="measure small widgets", exit_code=None, error=None, fix_applied=None,
                metrics={}, outputs=[]),
         ],
-        phases={k: NS(status="DONE" if p.number < 4 else "pending")
-                for k, p in BY_KEY.items()},
+        phases={k: NS(status="DONE" if n < 4 else "pending")
+                for n, k in enumerate(KEYS, 1)},
     )
 
 
@@ -129,10 +133,8 @@ def test_system_prompt_holds_its_phase_only(key, idea_file):
     idea = load_idea(idea_file)
     domain = idea["domain"]
     prompt = prompts.system_prompt(key, idea, domain, prompts.digest(neutral_state()))
-    phase = BY_KEY[key]
-
     first = prompt.splitlines()[0]
-    assert first == f"# Phase {phase.number} of 6: {key}"
+    assert first == f"# Phase {KEYS.index(key) + 1} of 6: {key}"
     assert other_keys_in(first, key) == set()
 
     for line in distinctive_lines(key):
@@ -162,10 +164,11 @@ def test_completion_rule_matches_the_phase_table(key):
     rule = completion_rule(prompts.system_prompt(key, NEUTRAL_IDEA, "general", ""))
     for section in phase.sections:
         assert f"`{section}`" in rule
-    for name in phase.files:
+    for name in files_of(phase):
         assert f"`{name}`" in rule
-    assert ("SUCCESS" in rule) == phase.needs_success
-    if phase.needs_success:
+    needs_success = any(isinstance(r, SuccessfulAttempt) for r in phase.done_when)
+    assert ("succeeded" in rule) == needs_success
+    if needs_success:
         assert "`run_experiment`" in rule
     all_sections = {s for p in PHASES for s in p.sections}
     for section in all_sections - set(phase.sections):
@@ -179,7 +182,9 @@ def test_no_other_phase_key_anywhere_in_template_text(key, domain):
     name another phase: not in headings, backticks, or plain words."""
     prompt = prompts.system_prompt(key, dict(NEUTRAL_IDEA, domain=domain), domain,
                                    prompts.digest(neutral_state()))
-    assert other_keys_in(prompt, key) == set()
+    # The digest may point to the files that finished phases handed on, by name and phase.
+    handed_on = re.sub(r"^\*\*Handed on by earlier phases.*$", "", prompt, flags=re.M)
+    assert other_keys_in(handed_on, key) == set()
     for text in (prompts.kickoff(key), prompts.nudge(key, ""),
                  prompts.resume_note(key, ["run_experiment"])):
         assert other_keys_in(text, key) == set()
@@ -307,8 +312,9 @@ def test_digest_shows_failed_attempts_with_error_and_fix():
     assert order == sorted(order)
     assert "### Workflow" not in text and "### Experiment Design" not in text
     assert "### Experiment Results" not in text
-    # the digest names phases by number, never by key
-    assert other_keys_in(text, "") == set()
+    # the digest names phases by number, never by key (files handed on keep their names)
+    assert "**Handed on by earlier phases (read them):** `planning.md` (phase 1)" in text
+    assert other_keys_in(re.sub(r"^\*\*Handed on.*$", "", text, flags=re.M), "") == set()
     assert "phase 4" in text
 
 
@@ -333,10 +339,10 @@ def test_digest_clips_long_sections():
 def test_kickoff_names_tools_and_rule(key):
     text = prompts.kickoff(key)
     phase = BY_KEY[key]
-    assert f"phase {phase.number} of 6 ({key})" in text
+    assert f"phase {KEYS.index(key) + 1} of 6 ({key})" in text
     for tool in ("bash", "str_replace_based_edit_tool", "run_experiment", "complete_phase"):
         assert f"`{tool}`" in text
-    for item in (*phase.sections, *phase.files):
+    for item in (*phase.sections, *files_of(phase)):
         assert f"`{item}`" in text
 
 

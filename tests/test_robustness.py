@@ -16,7 +16,7 @@ from support import DEMO_IDEA, labrun
 from labrun.idea import IdeaError, load_idea
 from labrun.journal import Conversation, JournalCorrupt
 from labrun.session import Session
-from labrun.tools import ToolBox
+from labrun.phases.phase import toolbox
 from labrun.phases import BY_KEY
 
 # Fixed examples in CI (a green main stays green); fresh ones on every local run.
@@ -76,7 +76,7 @@ def test_any_tool_input_from_the_model_gives_a_result(session, prefect_api, name
     if isinstance(raw.get("command"), str):
         raw["command"] = "view" if name == "str_replace_based_edit_tool" else "echo fuzz"
     before = len(session.state.attempts)
-    result = ToolBox(session, BY_KEY["experiments"]).call(name, raw)
+    result = toolbox(session, BY_KEY["experiments"]).call(name, raw)
     assert isinstance(result.content, str) and result.content
     after = session.state.attempts
     assert len(after) - before in (0, 1)

@@ -63,7 +63,7 @@ def task_states(flow_state) -> dict[str, str]:
         )
     return {
         tr.name.split("-", 1)[1]: tr.state.type.value
-        for tr in task_runs if tr.task_key.startswith("run_phase") or tr.name[:2] in {f"{p.number}-" for p in PHASES}
+        for tr in task_runs if tr.task_key.startswith("run_phase") or tr.name[:2] in {f"{n}-" for n in range(1, len(PHASES) + 1)}
     }
 
 

@@ -9,6 +9,7 @@ import pytest
 from support import DEMO_IDEA, alive
 from labrun import tools
 from labrun.session import Session
+from labrun.phases.phase import toolbox
 from labrun.tools import ToolBox
 from labrun.phases import BY_KEY
 
@@ -21,7 +22,7 @@ def session(tmp_path):
 
 
 def box(session, phase="experiments") -> ToolBox:
-    return ToolBox(session, BY_KEY[phase])
+    return toolbox(session, BY_KEY[phase])
 
 
 def test_paths_outside_the_workspace_are_refused_symlinks_included(session, tmp_path):

@@ -126,6 +126,7 @@ class ClaudeCodeAgent:
         deadline = time.monotonic() + timeout
         close_orphaned_transcript(phase_dir)
         inbox: queue.Queue = queue.Queue()
+        order = list(toolbox.session.state.phases)
         failures = 0
         with ToolServer(inbox) as server:
             mcp_config = phase_dir / "claude-mcp.json"
@@ -139,12 +140,11 @@ class ClaudeCodeAgent:
                         f"`labrun resume {root} --max-turns {max_turns * 2}`")
                 budget.check()
                 if not pending_texts(convo):
-                    missing = toolbox.session.missing_for(toolbox.phase, toolbox.session.state.sections)
-                    convo.add_user_text(prompts.nudge(phase, "; ".join(missing)))
+                    convo.add_user_text(prompts.nudge(phase, "; ".join(toolbox.missing()), order))
                 session_id = current_session(convo)
                 texts = list(dict.fromkeys(pending_texts(convo)))  # a restarted phase repeats its kickoff
                 if session_id is None:  # a new session starts from the kickoff
-                    kickoff = prompts.kickoff(phase)
+                    kickoff = prompts.kickoff(phase, order)
                     texts = [kickoff] + [t for t in texts if t != kickoff]
                 argv = self.argv(system_file, mcp_config, session_id, max_turns - turns)
                 out = self.run_once(toolbox, convo, inbox, argv, "\n\n".join(texts), session_id, deadline)
@@ -162,7 +162,7 @@ class ClaudeCodeAgent:
                 if out.result is not None and NO_CONVERSATION in said.lower():
                     log.warning("%s: Claude Code has no session %s here; starting a new one", phase, session_id)
                     convo.append({"kind": "claude_session", "session_id": None, "note": said[:300]})
-                    convo.add_user_text(prompts.resume_note(phase, []))
+                    convo.add_user_text(prompts.resume_note(phase, [], order))
                     continue
                 if (out.result is None or out.result.get("is_error")) and LOGGED_OUT.search(said):
                     raise AgentUnavailable(NOT_LOGGED_IN.format(said=said.strip()[:120], root=root))
@@ -177,7 +177,7 @@ class ClaudeCodeAgent:
                 log.warning("%s: claude run failed: %s", phase, error)
                 if failures >= MAX_FAILED_RUNS:
                     raise ClaudeCodeFailed(f"claude failed {failures} times in a row; the last: {error}")
-                convo.add_user_text(prompts.resume_note(phase, []))
+                convo.add_user_text(prompts.resume_note(phase, [], order))
 
     def argv(self, system_file: Path, mcp_config: Path, session_id: str | None, turns_left: int) -> list[str]:
         argv = [self.executable, "-p", "--output-format", "stream-json", "--verbose",

@@ -150,8 +150,8 @@ def _step(messages: list[dict]) -> int:
 
 
 def phase_of(system: str) -> str:
-    """The phase key, from the system prompt's first line: `# Phase N of 6: key`."""
-    found = re.match(r"# Phase \d of 6: (\w+)", system)
+    """The phase key, from the system prompt's first line: `# Phase N of M: key`."""
+    found = re.match(r"# Phase \d+ of \d+: (\w+)", system)
     if not found:
         raise ScriptedFault("the system prompt's first line does not name its phase")
     return found.group(1)

@@ -1,0 +1,112 @@
+"""The phase registry: a phase is one declaration and its templates; the flow, the tools and
+STATE.md take it from there."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from support import DEMO_IDEA, labrun
+from labrun import phases as registry
+from labrun.agents import scripted
+from labrun.journal import Conversation
+from labrun.phases import BY_KEY, DEFAULT, Files, Phase, Sections, phase_list, register
+from labrun.state import parse_state_md, phase_table
+from labrun.status import session_status
+
+THROWAWAY_PROMPT = """{% extends "system.md.j2" %}
+{% block heading %}# Phase {{ n }} of {{ total }}: {{ key }}{% endblock %}
+{% block instructions %}
+## This phase: a second look
+
+Write `notes/second-look.md` with what a fresh reader would question.
+{% endblock %}
+"""
+
+
+@pytest.fixture
+def throwaway(tmp_path, monkeypatch):
+    """A phase declared and templated in a temp dir, placed after analysis; the scripted
+    agent gets a script for it. The registry is restored afterwards."""
+    templates = tmp_path / "templates"
+    (templates / "phases").mkdir(parents=True)
+    (templates / "phases" / "second_look.md.j2").write_text(THROWAWAY_PROMPT)
+    phase = Phase("second_look", "Second Look", "question the analysis",
+                  (Files("notes/second-look.md"), Sections(doubts="Doubts")),
+                  max_turns=5, templates=templates, default=False)
+    saved = dict(BY_KEY)
+    register(phase, after="analysis")
+    monkeypatch.setitem(scripted.SCRIPT, "second_look", [
+        lambda r: [scripted._call("str_replace_based_edit_tool", command="create",
+                                  path="notes/second-look.md", file_text="- Only one seed.\n")],
+        lambda r: [scripted._call("complete_phase", summary="Doubts noted.",
+                                  sections={"doubts": "- Only one seed was run."})],
+    ])
+    yield phase
+    BY_KEY.clear()
+    BY_KEY.update(saved)
+
+
+def test_a_phase_declared_outside_the_flow_runs_in_its_place(tmp_path, prefect_api, throwaway):
+    from labrun.flows.session import research_session
+
+    ws = tmp_path / "ws"
+    state = research_session(str(DEMO_IDEA), str(ws), "scripted", with_phases=["second_look"],
+                             return_state=True)
+    assert state.is_completed(), state.message
+    keys = ["planning", "setup", "implementation", "experiments", "analysis", "second_look",
+            "documentation"]
+    report = session_status(ws)
+    assert [(p["key"], p["number"], p["status"], p["runs"]) for p in report["phases"]] == [
+        (k, n, "DONE", 1) for n, k in enumerate(keys, 1)]
+    text = (ws / "STATE.md").read_text()
+    assert "Phase 6 of 7 — second_look: DONE" in text
+    assert phase_table(text) == {k: "DONE" for k in keys}
+    assert parse_state_md(text)["Doubts"] == "- Only one seed was run."
+    assert (ws / "notes/second-look.md").is_file()
+    convo = Conversation.latest(ws / ".labrun/phases/second_look")
+    system = convo.records[0]["text"]
+    assert system.splitlines()[0] == "# Phase 6 of 7: second_look"
+    assert "`notes/second-look.md` exists and the section `doubts` is given" in system
+    # The other phases count to 7 too, and documentation comes last.
+    first_lines = {k: Conversation.latest(ws / f".labrun/phases/{k}").records[0]["text"].splitlines()[0]
+                   for k in keys}
+    assert first_lines["documentation"] == "# Phase 7 of 7: documentation"
+    # A fresh flow run (a resume, a UI retry) walks the same seven phases from the cache.
+    again = research_session(None, str(ws), return_state=True)
+    assert again.is_completed()
+    assert [p["runs"] for p in session_status(ws)["phases"]] == [1] * 7
+
+
+def test_a_session_keeps_the_phases_it_started_with(tmp_path, prefect_api, throwaway):
+    from labrun.flows.session import research_session
+    from labrun.session import Session, SessionMismatch
+
+    ws = tmp_path / "ws"
+    Session.open(ws, DEMO_IDEA, "scripted").close()  # the default six
+    with pytest.raises(SessionMismatch, match="phases were fixed when it started"):
+        Session.open(ws, DEMO_IDEA, with_phases=["second_look"])
+    stored = json.loads((ws / ".labrun/state.json").read_text())
+    assert list(stored["phases"]) == list(DEFAULT)
+
+
+def test_phase_list_keeps_pipeline_order_and_names_unknown_phases():
+    assert phase_list() == DEFAULT
+    with pytest.raises(ValueError, match=r"unknown phase 'reviews'; the phases are: planning, setup"):
+        phase_list(["reviews"])
+
+
+def test_unknown_phase_on_the_command_line_is_one_line(tmp_path):
+    result = labrun("run", str(DEMO_IDEA), "--workspace", str(tmp_path / "ws"), "--agent", "scripted",
+                    "--with", "reviews")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"labrun: --with: unknown phase 'reviews'; the phases are: {', '.join(BY_KEY)}"]
+    assert not (tmp_path / "ws").exists()
+
+
+def test_register_refuses_a_second_phase_of_the_same_key():
+    with pytest.raises(ValueError, match="registered already"):
+        register(Phase("planning", "Other", "x", ()))
+    assert registry.BY_KEY["planning"].title == "Planning"
