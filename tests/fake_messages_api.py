@@ -53,22 +53,15 @@ the record file (one JSON object a line) the moment it arrives.
 
 from __future__ import annotations
 
-import argparse
-import collections
 import hashlib
 import json
-import math
-import signal
-import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
-Scripted = dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]]
+from scripted_api import Handler, Scripted, ScriptedAPI, count_tokens, halves as _halves
 
 
-class FakeMessagesAPI:
+class FakeMessagesAPI(ScriptedAPI):
     def __init__(
         self,
         script: Iterable[Scripted] = (),
@@ -80,61 +73,35 @@ class FakeMessagesAPI:
         min_cacheable_tokens: int = 1024,
         cache_ttl_s: float = 300.0,
     ):
-        self.script: collections.deque[Scripted] = collections.deque(script)
-        self.default = default
-        self.record = record
-        self.requests: list[dict[str, Any]] = []
-        self.billed: list[dict[str, Any]] = []
+        super().__init__(script, default=default, record=record, port=port)
         self.cache = PromptCache(min_cacheable_tokens, cache_ttl_s) if cache_accounting else None
-        self._lock = threading.Lock()
-        self._stopping = threading.Event()
-        self._ids = iter(range(1, 1 << 62))
-        self._server = ThreadingHTTPServer(("127.0.0.1", port), _handler(self))
-        self._server.daemon_threads = True
-        self._thread: threading.Thread | None = None
 
-    @property
-    def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+    def route(self, method: str, path: str) -> bool:
+        return method == "POST" and path.split("?")[0].rstrip("/").endswith("/v1/messages")
 
-    def push(self, *responses: Scripted) -> None:
-        with self._lock:
-            self.script.extend(responses)
+    def not_found(self, method: str, path: str) -> tuple[int, dict[str, Any]]:
+        error = {"type": "not_found_error", "message": f"fake_messages_api: no route {path}"}
+        return 404, {"type": "error", "error": error}
 
-    def start(self) -> "FakeMessagesAPI":
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
-        self._thread.start()
-        return self
+    def empty_script(self) -> dict[str, Any]:
+        return _error(400, "invalid_request_error", "fake_messages_api: the script has no response left")
 
-    def stop(self) -> None:
-        self._stopping.set()
-        self._server.shutdown()
-        self._server.server_close()
+    def error_body(self, reply: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "error", "error": reply["error"]}
 
-    def __enter__(self) -> "FakeMessagesAPI":
-        return self.start()
+    def response_headers(self, n: int) -> dict[str, str]:
+        return {"request-id": f"req_fake_{n}"}
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    # -- called from the handler's threads ------------------------------------------------
-
-    def _take(self, path: str, headers: dict[str, str], body: dict[str, Any], *, answer: bool = True) -> tuple[int, dict[str, Any]]:
-        """Record a request and, when `answer`, take the scripted response for it."""
-        with self._lock:
-            n = next(self._ids)
-            entry = {"n": n, "path": path, "headers": headers, "body": body, "time": time.time()}
-            self.requests.append(entry)
-            if self.record:
-                with open(self.record, "a") as f:
-                    f.write(json.dumps(entry) + "\n")
-            if not answer:
-                return n, {}
-            scripted = self.script.popleft() if self.script else self.default
-        if scripted is None:
-            scripted = _error(400, "invalid_request_error", "fake_messages_api: the script has no response left")
-        return n, scripted(body) if callable(scripted) else scripted
+    def handle(self, handler: Handler, n: int, reply: dict[str, Any], body: dict[str, Any]) -> None:
+        extra = {**self.response_headers(n), **reply.get("headers", {})}
+        message = _message(n, reply, body, self._usage(body, reply))
+        if body.get("stream"):
+            events = _events(message, reply)
+            if handler.sse(events, extra, reply.get("cut_after_events")) and not reply.get("stream_error"):
+                self._bill(n, message["model"], message["usage"])
+            return
+        handler.send_json(200, message, extra)
+        self._bill(n, message["model"], message["usage"])
 
     def _usage(self, body: dict[str, Any], reply: dict[str, Any]) -> dict[str, int]:
         """The usage of a reply about to be sent (prompt-cache accounting when it is on)."""
@@ -146,81 +113,6 @@ class FakeMessagesAPI:
             usage["output_tokens"] = count_tokens(json.dumps(content))
         usage.update(reply.get("usage", {}))
         return usage
-
-    def _bill(self, n: int, message: dict[str, Any]) -> None:
-        with self._lock:
-            self.billed.append({"n": n, "model": message["model"], "usage": dict(message["usage"])})
-
-    def _wait(self, seconds: float | None) -> bool:
-        """Sleep (forever when None); False when the server is stopping."""
-        return not self._stopping.wait(seconds)
-
-
-def _handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, format: str, *args: Any) -> None:  # quiet
-            pass
-
-        def do_POST(self) -> None:
-            raw = self.rfile.read(int(self.headers.get("content-length") or 0))
-            try:
-                body = json.loads(raw or b"{}")
-            except ValueError:
-                body = {"_raw": raw.decode(errors="replace")}
-            headers = {k.lower(): v for k, v in self.headers.items()}
-            if not self.path.split("?")[0].rstrip("/").endswith("/v1/messages"):
-                api._take(self.path, headers, body, answer=False)
-                error = {"type": "not_found_error", "message": f"fake_messages_api: no route {self.path}"}
-                return self._json(404, {"type": "error", "error": error}, {})
-            n, reply = api._take(self.path, headers, body)
-            if reply.get("delay_seconds") and not api._wait(float(reply["delay_seconds"])):
-                return
-            if reply.get("hang"):
-                api._wait(None)
-                return
-            extra = {"request-id": f"req_fake_{n}", **reply.get("headers", {})}
-            if "status" in reply:
-                return self._json(reply["status"], {"type": "error", "error": reply["error"]}, extra)
-            message = _message(n, reply, body, api._usage(body, reply))
-            if body.get("stream"):
-                if self._stream(message, reply, extra):
-                    api._bill(n, message)
-                return
-            self._json(200, message, extra)
-            api._bill(n, message)
-
-        def _json(self, status: int, payload: dict[str, Any], headers: dict[str, str]) -> None:
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(data)))
-            for key, value in headers.items():
-                self.send_header(key, str(value))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _stream(self, message: dict[str, Any], reply: dict[str, Any], headers: dict[str, str]) -> bool:
-            """Send the reply as server-sent events; True when it was sent whole."""
-            self.send_response(200)
-            self.send_header("content-type", "text/event-stream")
-            self.send_header("cache-control", "no-cache")
-            self.send_header("connection", "close")
-            for key, value in headers.items():
-                self.send_header(key, str(value))
-            self.end_headers()
-            self.close_connection = True
-            cut = reply.get("cut_after_events")
-            for count, (event, data) in enumerate(_events(message, reply), start=1):
-                self.wfile.write(f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
-                self.wfile.flush()
-                if cut is not None and count >= cut:
-                    self.connection.shutdown(2)  # the peer sees the stream end mid-reply
-                    return False
-            return not reply.get("stream_error")
-
-    return Handler
 
 
 def _error(status: int, kind: str, message: str) -> dict[str, Any]:
@@ -274,11 +166,6 @@ def _events(message: dict[str, Any], reply: dict[str, Any]) -> Iterable[tuple[st
         "usage": usage,
     }
     yield "message_stop", {"type": "message_stop"}
-
-
-def count_tokens(text: str) -> int:
-    """The fake's token count: a token is 4 characters (rounded up)."""
-    return math.ceil(len(text) / 4)
 
 
 def prompt_blocks(body: dict[str, Any]) -> list[tuple[str, bool]]:
@@ -342,32 +229,8 @@ class PromptCache:
         }
 
 
-def _halves(text: str) -> list[str]:
-    middle = len(text) // 2
-    return [part for part in (text[:middle], text[middle:]) if part]
-
-
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--script", help="JSON file: a list of responses, or {responses, default}")
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--record", help="append each request here as a JSON line")
-    parser.add_argument("--cache-accounting", action="store_true", help="compute usage with a prompt-cache model")
-    args = parser.parse_args(argv)
-    script: Any = []
-    if args.script:
-        with open(args.script) as f:
-            script = json.load(f)
-    if isinstance(script, list):
-        script = {"responses": script}
-    api = FakeMessagesAPI(script.get("responses", []), default=script.get("default"), record=args.record, port=args.port,
-                          cache_accounting=args.cache_accounting)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    print(api.url, flush=True)
-    try:
-        api._server.serve_forever()
-    except KeyboardInterrupt:
-        pass
+    FakeMessagesAPI.main(argv, __doc__.split("\n")[0], cache_accounting="compute usage with a prompt-cache model")
 
 
 if __name__ == "__main__":
