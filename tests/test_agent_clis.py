@@ -99,16 +99,23 @@ def test_codex_resume_continues_the_thread_and_reports_its_running_total(tmp_pat
 
 
 @needs_codex
-def test_codex_retries_a_429_only_when_told_when(tmp_path, workspace):
+def test_codex_retries_rate_limits_only_when_told_when_and_cut_streams(tmp_path, workspace):
     limited = {"status": 429, "error": {"type": "requests", "code": "rate_limit_exceeded",
                                         "message": "Rate limit reached. Please try again in 1s."}}
+    failed_in_stream = {"failed": {"code": "rate_limit_exceeded", "message": "Rate limit reached. Please try again in 0.5s."}}
     env = codex_env(tmp_path)
-    with FakeResponsesAPI([{**limited, "headers": {"retry-after": "1"}}, {"text": "after the wait"}]) as api:
+    script = [{**limited, "headers": {"retry-after": "1"}}, failed_in_stream, {"cut_after_events": 3, "text": "cut"},
+              {"text": "after the wait"}]
+    with FakeResponsesAPI(script) as api:
         waited = run_cli(codex_argv(api.url, model="gpt-5.5"), env, workspace)
         posts = [r["time"] for r in api.requests if r["method"] == "POST"]
-    assert waited.returncode == 0
-    assert [e["message"][:17] for e in waited.of_type("error")] == ["Reconnecting... 1"]
-    assert "429" in waited.of_type("error")[0]["message"] and posts[1] - posts[0] >= 0.9
+    assert waited.returncode == 0 and [i["text"] for i in waited.items("agent_message")] == ["after the wait"]
+    notices = [e["message"] for e in waited.of_type("error")]
+    assert [n[:19] for n in notices] == ["Reconnecting... 1/5", "Reconnecting... 2/5", "Reconnecting... 3/5"]
+    assert "429" in notices[0] and "rate limit exceeded" in notices[1] and "stream disconnected" in notices[2]
+    assert posts[1] - posts[0] >= 0.9 and posts[2] - posts[1] >= 0.45
+    assert len(api.billed) == 1  # the cut stream was not billed, nor counted by Codex:
+    assert waited.of_type("turn.completed")[0]["usage"]["input_tokens"] == api.billed[0]["usage"]["input_tokens"]
     with FakeResponsesAPI([limited]) as api:  # no retry-after: no retry at all
         failed = run_cli(codex_argv(api.url, model="gpt-5.5"), env, workspace)
         assert len([r for r in api.requests if r["method"] == "POST"]) == 1
