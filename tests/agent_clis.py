@@ -146,12 +146,15 @@ def gemini_argv(prompt: str = "go", *, resume: str | None = None, model: str = "
 
 def gemini_env(tmp: Path, api_url: str, tools: EngineTools | None = None) -> dict[str, str]:
     """A settings home of its own (GEMINI_CLI_HOME/.gemini/settings.json): API-key auth,
-    environment redaction for its shell, labrun's MCP server with the token read from the
-    environment (settings expand `${VAR}`)."""
+    environment redaction for its shell, no self-update and no usage statistics (side
+    traffic), labrun's MCP server with the token read from the environment (settings
+    expand `${VAR}`)."""
     home = tmp / "gemini-home"
     (home / ".gemini").mkdir(parents=True, exist_ok=True)
     settings: dict[str, Any] = {"security": {"auth": {"selectedType": "gemini-api-key"},
-                                             "environmentVariableRedaction": {"enabled": True}}}
+                                             "environmentVariableRedaction": {"enabled": True}},
+                                "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False},
+                                "privacy": {"usageStatisticsEnabled": False}}
     env = {**BASE_ENV, "HOME": str(home), "GEMINI_CLI_HOME": str(home), "GEMINI_API_KEY": "gemini-test-labrun",
            "GOOGLE_GEMINI_BASE_URL": api_url, "GEMINI_CLI_NO_RELAUNCH": "true", "TMPDIR": str(tmp / "tmp")}
     (tmp / "tmp").mkdir(exist_ok=True)

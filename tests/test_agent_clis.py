@@ -163,6 +163,7 @@ def test_gemini_runs_shell_file_and_mcp_tools_and_reports_what_was_billed(tmp_pa
     assert result["status"] == "success"
     assert {k: result["stats"][k] for k in billed_gemini(api)} == billed_gemini(api)
     assert all(r["headers"]["x-goog-api-key"] == "gemini-test-labrun" for r in api.requests)
+    assert not any("x-gemini-api-privileged-user-id" in r["headers"] for r in api.requests), "statistics are off"
 
 
 @needs_gemini
