@@ -106,6 +106,8 @@ def codex_argv(api_url: str, tools: EngineTools | None = None, *, resume: str | 
         "sandbox_workspace_write.exclude_slash_tmp": True,
         "sandbox_workspace_write.exclude_tmpdir_env_var": True,
         "shell_environment_policy.inherit": "core",  # the agent's commands get no secrets
+        "analytics.enabled": False,  # no side traffic
+        "check_for_update_on_startup": False,
     }
     if tools is not None:
         config.update({

@@ -78,6 +78,7 @@ def test_codex_runs_shell_patch_and_mcp_tools_and_reports_what_was_billed(tmp_pa
     (completed,) = run.of_type("turn.completed")
     assert {k: completed["usage"][k] for k in billed_openai(api)} == billed_openai(api)
     assert all(r["headers"]["authorization"] == "Bearer sk-test-labrun" for r in api.requests)
+    assert json.loads(api.requests[-1]["headers"]["x-codex-turn-metadata"])["analytics_enabled"] is False
 
 
 @needs_codex
