@@ -124,10 +124,19 @@ def cmd_check(args) -> int:
     for warning in idea.warnings:
         err.print(f"[yellow]warning:[/yellow] {args.idea}: {warning}")
     budget = f"${idea.budget_usd:g}" if idea.budget_usd is not None else "none"
-    from labrun.prompts import guidance_domain
+    from labrun.phases import PHASES
+    from labrun.prompts import guidance_domain, layers
 
     console.print(f"{args.idea}: valid · {idea.title} · domain {idea.domain} "
-                  f"(guidance: {guidance_domain(idea.guidance_domain)}) · budget {budget}")
+                  f"(guidance: {guidance_domain(idea.guidance_domain)}) · budget {budget}", markup=False)
+    console.print("prompt layers of each phase: its own instructions, the general guidance, the domain's")
+    for number, phase in enumerate(PHASES, 1):
+        layout = layers(phase.key, idea.guidance_domain)
+        changes = [f"adds {', '.join(layout.added)}"] if layout.added else []
+        changes += [f"replaces {', '.join(layout.replaced)}"] if layout.replaced else []
+        domain = f"{layout.domain}: {'; '.join(changes)}" if changes else "no domain guidance"
+        console.print(f"  {number} {phase.key:<15} general: {len(layout.blocks)} blocks · {domain}",
+                      markup=False)
     return 0
 
 
