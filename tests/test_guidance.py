@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -213,15 +212,6 @@ def test_lost_blocks_sees_a_block_that_is_gone():
     replacement = block_text("domains/mathematics_lean/analysis.md.j2", "replace_assumptions",
                              "analysis", "mathematics_lean")
     assert lost_blocks(lean.replace(replacement, ""), "analysis", "mathematics_lean") == ["assumptions"]
-
-
-@pytest.fixture
-def template_copy(tmp_path, monkeypatch):
-    root = tmp_path / "templates"
-    shutil.copytree(TEMPLATES, root)
-    monkeypatch.setattr(prompts, "TEMPLATES", root)
-    monkeypatch.setattr(prompts, "env", prompts.make_env(root))
-    return root
 
 
 def test_a_domain_cannot_drop_a_general_block_without_saying_so(template_copy):

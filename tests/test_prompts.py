@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from pathlib import Path
 from types import SimpleNamespace as NS
 
@@ -241,15 +240,6 @@ def test_mathematics_is_proof_oriented():
     prompt = prompts.system_prompt("experiments", load_idea("math_example.yaml"),
                                    "mathematics", "")
     assert "computational checks" in prompt and "counterexample" in prompt
-
-
-@pytest.fixture
-def template_copy(tmp_path, monkeypatch):
-    root = tmp_path / "templates"
-    shutil.copytree(TEMPLATES, root)
-    monkeypatch.setattr(prompts, "TEMPLATES", root)
-    monkeypatch.setattr(prompts, "env", prompts.make_env(root))
-    return root
 
 
 def test_a_domain_without_a_file_for_a_phase_adds_nothing_to_it(template_copy):
