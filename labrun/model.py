@@ -21,6 +21,8 @@ class ModelRequest(BaseModel):
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]]
     max_tokens: int = 16000
+    web: bool = False
+    """Offer the backend's own web search and fetch tools too (run by the provider)."""
 
 
 class ModelReply(BaseModel):

@@ -22,6 +22,8 @@ from labrun.usage import Usage
 log = logging.getLogger(__name__)
 
 FIELDS = ("input", "output", "cache_write", "cache_read")
+WEB_SEARCH_USD = 0.01  # the web search server tool: $10 per 1,000 searches, on top of tokens
+# (a web fetch costs only the tokens of what it fetched)
 
 
 def _p(input: float, output: float, cache_write: float, cache_read: float, **extra: Any) -> dict:
@@ -116,4 +118,4 @@ def cost_usd(model: str, usage: Usage) -> float:
         + usage.cache_creation_input_tokens * table["cache_write"]
         + usage.cache_read_input_tokens * table["cache_read"]
     )
-    return round(total / 1_000_000, 6)
+    return round(total / 1_000_000 + usage.web_search_requests * WEB_SEARCH_USD, 6)

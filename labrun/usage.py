@@ -10,6 +10,9 @@ class Usage(BaseModel):
     output_tokens: int = 0
     cache_read_input_tokens: int = 0
     cache_creation_input_tokens: int = 0
+    web_search_requests: int = 0
+    """Searches by the Messages API's web search tool (billed apiece)."""
+    web_fetch_requests: int = 0
     cost_usd: float = 0.0
 
     def __add__(self, other: "Usage") -> "Usage":
@@ -19,6 +22,8 @@ class Usage(BaseModel):
             cache_read_input_tokens=self.cache_read_input_tokens + other.cache_read_input_tokens,
             cache_creation_input_tokens=self.cache_creation_input_tokens
             + other.cache_creation_input_tokens,
+            web_search_requests=self.web_search_requests + other.web_search_requests,
+            web_fetch_requests=self.web_fetch_requests + other.web_fetch_requests,
             cost_usd=round(self.cost_usd + other.cost_usd, 6),
         )
 

@@ -17,12 +17,23 @@ A scripted response is a dict (JSON, so a script file can hold it too):
     {"status": 429, "error": {"type": "rate_limit_error", "message": "..."},
      "headers": {"retry-after": "3"}}                    an error response
     {"stream_error": {"type": "overloaded_error", ...}}  an SSE `error` event after message_start
+    {"content": [*web_search("query", [(url, title, page_text)]),   the Messages API's own
+                 *web_fetch(url, page_text),         web tools: `server_tool_use` blocks, each
+                 {"type": "text", ...}],             with its result block (see those helpers)
+     "stop_reason": "pause_turn"}                    the server paused its tool loop
     {"cut_after_events": 2, "text": "..."}               drop the connection after 2 SSE events
     {"delay_seconds": 1.5, ...}                          wait before answering
     {"hang": true}                                       never answer (until the server stops)
 
 In-process, an entry may also be a callable `f(body) -> dict`, and `default` (dict or
 callable) answers whenever the queue is empty. Without one, an empty queue answers 400.
+
+Server tool blocks are checked as the real API checks them when a conversation comes back:
+each `web_search_tool_result` / `web_fetch_tool_result` must follow its `server_tool_use` in
+the same assistant turn (consecutive assistant messages are one turn), and every
+`encrypted_content` / `encrypted_index` must be one this server sent, unchanged; a request
+that breaks either is answered 400. A reply's usage counts its `server_tool_use` blocks
+(`server_tool_use.web_search_requests`, `.web_fetch_requests`).
 
 Every reply sent whole (the last SSE event written, or the JSON body) is appended to
 `api.billed` as `{"n", "model", "usage"}`: what a real API would have charged. A request
@@ -53,6 +64,8 @@ the record file (one JSON object a line) the moment it arrives.
 
 from __future__ import annotations
 
+import base64
+import collections
 import hashlib
 import json
 import time
@@ -75,6 +88,8 @@ class FakeMessagesAPI(ScriptedAPI):
     ):
         super().__init__(script, default=default, record=record, port=port)
         self.cache = PromptCache(min_cacheable_tokens, cache_ttl_s) if cache_accounting else None
+        self.issued: set[str] = set()
+        """The encrypted fields of every reply sent, which must come back unchanged."""
 
     def route(self, method: str, path: str) -> bool:
         return method == "POST" and path.split("?")[0].rstrip("/").endswith("/v1/messages")
@@ -94,7 +109,12 @@ class FakeMessagesAPI(ScriptedAPI):
 
     def handle(self, handler: Handler, n: int, reply: dict[str, Any], body: dict[str, Any]) -> None:
         extra = {**self.response_headers(n), **reply.get("headers", {})}
+        if (problem := server_tool_problem(body, self.issued)) is not None:
+            error = _error(400, "invalid_request_error", problem)
+            return handler.send_json(400, self.error_body(error), self.response_headers(n))
         message = _message(n, reply, body, self._usage(body, reply))
+        with self._lock:
+            self.issued |= sealed_fields(message["content"])
         if body.get("stream"):
             events = _events(message, reply)
             if handler.sse(events, extra, reply.get("cut_after_events")) and not reply.get("stream_error"):
@@ -122,6 +142,10 @@ def _error(status: int, kind: str, message: str) -> dict[str, Any]:
 def _message(n: int, reply: dict[str, Any], body: dict[str, Any], usage: dict[str, int]) -> dict[str, Any]:
     content = reply.get("content") or [{"type": "text", "text": reply.get("text", "")}]
     has_tool_use = any(b.get("type") == "tool_use" for b in content)
+    calls = collections.Counter(b.get("name") for b in content if b.get("type") == "server_tool_use")
+    if calls:
+        usage = {**usage, "server_tool_use": {"web_search_requests": calls["web_search"],
+                                              "web_fetch_requests": calls["web_fetch"]}}
     return {
         "id": f"msg_fake_{n}",
         "type": "message",
@@ -147,7 +171,8 @@ def _events(message: dict[str, Any], reply: dict[str, Any]) -> Iterable[tuple[st
         kind = block["type"]
         if kind == "text":
             first, deltas = {"type": "text", "text": ""}, [{"type": "text_delta", "text": t} for t in _halves(block["text"])]
-        elif kind == "tool_use":
+            deltas += [{"type": "citations_delta", "citation": c} for c in block.get("citations") or []]
+        elif kind in ("tool_use", "server_tool_use"):
             first = {**block, "input": {}}
             deltas = [{"type": "input_json_delta", "partial_json": t} for t in _halves(json.dumps(block["input"]))]
         elif kind == "thinking":
@@ -166,6 +191,84 @@ def _events(message: dict[str, Any], reply: dict[str, Any]) -> Iterable[tuple[st
         "usage": usage,
     }
     yield "message_stop", {"type": "message_stop"}
+
+
+# -- the Messages API's web tools, as a scripted reply gives them -----------------------------
+
+def _sealed(*parts: str) -> str:
+    """An opaque token like the API's encrypted fields."""
+    return base64.b64encode(hashlib.sha256("\0".join(parts).encode()).digest() * 3).decode()
+
+
+def sealed_fields(content: list[dict[str, Any]]) -> set[str]:
+    """The encrypted fields of a reply's blocks (which must come back unchanged)."""
+    found = set()
+    for block in content:
+        results = block.get("content") if block.get("type") == "web_search_tool_result" else None
+        found |= {r.get("encrypted_content") for r in results if isinstance(r, dict)} if isinstance(results, list) else set()
+        found |= {c.get("encrypted_index") for c in block.get("citations") or [] if isinstance(c, dict)}
+    return found - {None}
+
+
+def server_tool_id(name: str, key: str) -> str:
+    return "srvtoolu_" + hashlib.sha256(f"{name}\0{key}".encode()).hexdigest()[:24]
+
+
+def web_search(query: str, results: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
+    """A `web_search` call and its result blocks; `results`: (url, title, page text)."""
+    call = {"type": "server_tool_use", "id": server_tool_id("web_search", query),
+            "name": "web_search", "input": {"query": query}}
+    found = [{"type": "web_search_result", "url": url, "title": title, "page_age": "March 3, 2026",
+              "encrypted_content": _sealed("content", url, text)} for url, title, text in results]
+    return [call, {"type": "web_search_tool_result", "tool_use_id": call["id"], "content": found}]
+
+
+def web_search_citation(url: str, title: str, cited: str) -> dict[str, Any]:
+    """A text block's citation of a search result."""
+    return {"type": "web_search_result_location", "url": url, "title": title, "cited_text": cited,
+            "encrypted_index": _sealed("index", url, cited)}
+
+
+def web_fetch(url: str, text: str | None, error: str | None = None) -> list[dict[str, Any]]:
+    """A `web_fetch` call and its result block: the page as a plain-text document, or the
+    error code (`url_not_accessible`, `unavailable`, ...) when `error` is given."""
+    call = {"type": "server_tool_use", "id": server_tool_id("web_fetch", url), "name": "web_fetch",
+            "input": {"url": url}}
+    if error is not None:
+        content: dict[str, Any] = {"type": "web_fetch_tool_result_error", "error_code": error}
+    else:
+        content = {"type": "web_fetch_result", "url": url, "retrieved_at": "2026-11-30T10:00:00Z",
+                   "content": {"type": "document", "title": url, "citations": {"enabled": True},
+                               "source": {"type": "text", "media_type": "text/plain", "data": text}}}
+    return [call, {"type": "web_fetch_tool_result", "tool_use_id": call["id"], "content": content}]
+
+
+def server_tool_problem(body: dict[str, Any], issued: set[str]) -> str | None:
+    """Why the API would refuse the server tool blocks sent back in `body`, or None."""
+    messages = body.get("messages") or []
+    turn_calls: set[str] = set()
+    for i, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            turn_calls = set()
+            continue
+        content = message.get("content")
+        for j, block in enumerate(content if isinstance(content, list) else []):
+            where = f"messages.{i}.content.{j}"
+            kind = block.get("type")
+            if kind == "server_tool_use":
+                turn_calls.add(block.get("id"))
+            elif kind in ("web_search_tool_result", "web_fetch_tool_result"):
+                if block.get("tool_use_id") not in turn_calls:
+                    return f"{where}: `{kind}` block has no matching `server_tool_use` before it in this turn"
+                results = block.get("content")
+                for r in results if isinstance(results, list) else []:
+                    if r.get("encrypted_content") not in issued:
+                        return f"{where}: invalid `encrypted_content` in a web search result"
+            elif kind == "text":
+                for c in block.get("citations") or []:
+                    if c.get("type") == "web_search_result_location" and c.get("encrypted_index") not in issued:
+                        return f"{where}: invalid `encrypted_index` in a citation"
+    return None
 
 
 def prompt_blocks(body: dict[str, Any]) -> list[tuple[str, bool]]:

@@ -40,6 +40,17 @@ DEFAULT_CONTEXT_MANAGEMENT: dict[str, Any] = {
         }
     ]
 }
+# The Messages API's own web tools, run by Anthropic (`server_tool_use` blocks, then
+# `web_search_tool_result` / `web_fetch_tool_result` in the same reply, saved and sent back
+# as they came). The basic versions: the dynamic-filtering ones (2026-02-09 and later) run
+# code in a container of their own and add its blocks, which this session needs none of.
+# Web fetch reads only addresses already in the conversation (the idea's, search results);
+# citations let the text point into what it fetched.
+WEB_TOOLS: list[dict[str, Any]] = [
+    {"type": "web_search_20250305", "name": "web_search", "max_uses": 20},
+    {"type": "web_fetch_20250910", "name": "web_fetch", "max_uses": 20,
+     "citations": {"enabled": True}, "max_content_tokens": 50_000},
+]
 _UNCACHEABLE = {"thinking", "redacted_thinking"}
 _TRANSIENT_TYPES = {"overloaded_error", "api_error", "rate_limit_error", "timeout_error"}
 _FATAL = {  # status: (what happened, what to do)
@@ -105,7 +116,8 @@ class AnthropicModel:
         params = {
             "model": self.name,
             "max_tokens": request.max_tokens,
-            **with_cache_breakpoints(request.system, request.tools, request.messages),
+            **with_cache_breakpoints(request.system, request.tools + (WEB_TOOLS if request.web else []),
+                                     request.messages),
         }
         try:
             if self.context_management:
@@ -181,11 +193,14 @@ def _mark_last_block(message: dict[str, Any]) -> None:
 
 def usage_of(usage: Any, model: str) -> Usage:
     """The SDK's usage (None counts as 0) as a `Usage`, priced for `model`."""
+    server_tools = getattr(usage, "server_tool_use", None)
     counted = Usage(
         input_tokens=usage.input_tokens or 0,
         output_tokens=usage.output_tokens or 0,
         cache_read_input_tokens=usage.cache_read_input_tokens or 0,
         cache_creation_input_tokens=usage.cache_creation_input_tokens or 0,
+        web_search_requests=getattr(server_tools, "web_search_requests", None) or 0,
+        web_fetch_requests=getattr(server_tools, "web_fetch_requests", None) or 0,
     )
     counted.cost_usd = cost_usd(model, counted)
     return counted
