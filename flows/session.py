@@ -52,10 +52,13 @@ def research_session(
     budget_usd: float | None = None,
     max_turns: int | None = None,
     with_phases: list[str] | None = None,
+    paper_style: str | None = None,
 ) -> dict[str, Any]:
-    """`with_phases`: optional phases a new session runs too (e.g. ["resources", "paper"]);
-    a session keeps the phases it started with."""
-    session = Session.open(workspace, idea_path, agent, model, budget_usd, max_turns, with_phases or ())
+    """`with_phases`: optional phases a new session runs too (e.g. ["resources", "paper"]),
+    besides those its idea asks for; `paper_style`: the paper phase's LaTeX style (plain by
+    default). A session keeps the phases and the style it started with."""
+    session = Session.open(workspace, idea_path, agent, model, budget_usd, max_turns, with_phases or (),
+                           paper_style)
     artifacts = SessionArtifacts.attach(session)  # STATE.md, attempts, progress, usage in the UI
     try:
         return run_session(session)

@@ -72,7 +72,9 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--agent", choices=("anthropic", "claude-code", "scripted"), default=None)
     run.add_argument("--model", default=None)
     run.add_argument("--with", dest="with_phases", default="", metavar="PHASE,...",
-                     help="optional phases to run besides the six research phases")
+                     help="optional phases to run besides the six research phases (resources, paper)")
+    run.add_argument("--paper-style", default=None, metavar="STYLE",
+                     help="the paper phase's LaTeX style: plain (default), neurips, icml, acl or ams")
     _limits(run)
     run.set_defaults(handler=cmd_run)
 
@@ -124,18 +126,20 @@ def cmd_check(args) -> int:
     for warning in idea.warnings:
         err.print(f"[yellow]warning:[/yellow] {args.idea}: {warning}")
     budget = f"${idea.budget_usd:g}" if idea.budget_usd is not None else "none"
-    from labrun.phases import PHASES
+    from labrun.phases import phase_list
     from labrun.prompts import guidance_domain, layers
 
+    extra = f" · with {', '.join(idea.with_phases)}" if idea.with_phases else ""
+    extra += f" · paper style {idea.paper_style}" if idea.paper_style else ""
     console.print(f"{args.idea}: valid · {idea.title} · domain {idea.domain} "
-                  f"(guidance: {guidance_domain(idea.guidance_domain)}) · budget {budget}", markup=False)
+                  f"(guidance: {guidance_domain(idea.guidance_domain)}) · budget {budget}{extra}", markup=False)
     console.print("prompt layers of each phase: its own instructions, the general guidance, the domain's")
-    for number, phase in enumerate(PHASES, 1):
-        layout = layers(phase.key, idea.guidance_domain)
+    for number, key in enumerate(phase_list(idea.with_phases), 1):
+        layout = layers(key, idea.guidance_domain)
         changes = [f"adds {', '.join(layout.added)}"] if layout.added else []
         changes += [f"replaces {', '.join(layout.replaced)}"] if layout.replaced else []
         domain = f"{layout.domain}: {'; '.join(changes)}" if changes else "no domain guidance"
-        console.print(f"  {number} {phase.key:<15} general: {len(layout.blocks)} blocks · {domain}",
+        console.print(f"  {number} {key:<15} general: {len(layout.blocks)} blocks · {domain}",
                       markup=False)
     return 0
 
@@ -215,13 +219,22 @@ def cmd_run(args) -> int:
     agent = args.agent or ("anthropic" if not state_file.is_file() else None)
     from labrun.phases import phase_list
 
+    from labrun.paper import load_style
+
     with_phases = [p for p in args.with_phases.split(",") if p.strip()]
     try:
-        phase_list(with_phases)
+        keys = phase_list([*with_phases, *idea.with_phases])
     except ValueError as e:
         raise CliError(f"--with: {e}") from None
+    if args.paper_style is not None:
+        try:
+            load_style(args.paper_style)
+        except ValueError as e:
+            raise CliError(f"--paper-style: {e}") from None
+        if "paper" not in keys:
+            raise CliError("--paper-style: this session has no paper phase; add --with paper")
     return _run_flow(args.idea, args.workspace, agent, args.model, args.budget_usd, args.max_turns,
-                     with_phases)
+                     with_phases, args.paper_style)
 
 
 def cmd_resume(args) -> int:
@@ -251,7 +264,8 @@ def cmd_demo(args) -> int:
     return code
 
 
-def _run_flow(idea_path, workspace, agent, model, budget_usd, max_turns, with_phases=()) -> int:
+def _run_flow(idea_path, workspace, agent, model, budget_usd, max_turns, with_phases=(),
+              paper_style=None) -> int:
     _configure_logging()
     # Prefect's first ephemeral start migrates a new database: on a small machine that takes
     # longer than Prefect's default 20 s wait.
@@ -281,7 +295,7 @@ def _run_flow(idea_path, workspace, agent, model, budget_usd, max_turns, with_ph
     _quiet_prefect_console()
     try:
         research_session(idea_path, str(Path(workspace).resolve()), agent, model, budget_usd, max_turns,
-                         list(with_phases))
+                         list(with_phases), paper_style)
     except (WorkspaceBusy, AgentUnavailable, SessionMismatch) as e:
         raise CliError(str(e)) from None
     except Exception as e:

@@ -176,6 +176,17 @@ class ExpectedOutput(_Section):
     description: str | None = None
 
 
+def _phase_names(value: Any) -> Any:
+    """`with_phases: [resources, paper]` or `"resources,paper"`; each a known optional phase."""
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        from labrun.phases import phase_list
+
+        phase_list(value)  # a ValueError naming the unknown phase and the known ones
+    return value
+
+
 class Metadata(_Section):
     author: str | None = None
     created_at: Annotated[str, BeforeValidator(_date_as_text)] | None = None
@@ -183,6 +194,10 @@ class Metadata(_Section):
     priority: Literal["low", "medium", "high", "urgent"] | None = None
     estimated_duration: str | None = None
     related_ideas: list[str] | None = None
+    # Not in NeuriCo's schema, which lets metadata carry more keys: the optional phases this
+    # idea asks for (labrun's `--with`).
+    with_phases: Annotated[list[str], BeforeValidator(_phase_names)] | None = None
+    paper_style: str | None = None  # NeuriCo's own key ("ams" in its mathematics ideas)
 
 
 class Idea(_Section):
@@ -221,6 +236,19 @@ class Idea(_Section):
     @property
     def budget_usd(self) -> float | None:
         return self.constraints.budget
+
+    @property
+    def with_phases(self) -> list[str]:
+        """The optional phases the idea asks for (`metadata.with_phases`)."""
+        return list(self.metadata.with_phases or []) if self.metadata else []
+
+    @property
+    def paper_style(self) -> str | None:
+        """The paper style the idea asks for, if labrun has it (else a warning says so)."""
+        from labrun.paper import style_names
+
+        wanted = self.metadata.paper_style if self.metadata else None
+        return wanted if wanted in style_names() else None
 
     @property
     def guidance_domain(self) -> str:
@@ -399,6 +427,12 @@ def _warnings(idea: Idea, doc: dict[str, Any], root: yaml.Node) -> list[str]:
     found = []
     if idea.guidance_domain == GENERAL_DOMAIN and _normal_domain(idea.domain) != GENERAL_DOMAIN:
         found.append(f"unknown domain {idea.domain!r}: using general guidance")
+    wanted = idea.metadata.paper_style if idea.metadata else None
+    if wanted and idea.paper_style is None:
+        from labrun.paper import DEFAULT_STYLE, style_names
+
+        found.append(f"unknown paper style {wanted!r} (metadata.paper_style): using {DEFAULT_STYLE!r}; "
+                     f"the styles are: {', '.join(style_names())}")
     for key in doc:
         if key != "idea":
             found.append(

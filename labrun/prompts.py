@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 from jinja2 import ChoiceLoader, Environment, FileSystemLoader, StrictUndefined, TemplateNotFound
 
-from labrun.phases import BY_KEY, DEFAULT, Phase
+from labrun.phases import BY_KEY, DEFAULT, Phase, section_titles
 from labrun import resources
 from labrun.resources import TEMPLATES
 
@@ -86,7 +86,7 @@ def _phase_vars(phase_key: str, order: Sequence[str]) -> dict[str, Any]:
     if phase_key not in order:
         raise ValueError(f"phase {phase_key!r} is not one of this session's phases ({', '.join(order)})")
     return {"phase": phase, "n": order.index(phase_key) + 1, "key": phase.key, "total": len(order),
-            "rule": phase.rule_text()}
+            "rule": phase.rule_text(), "phases": order}
 
 
 def _exists(env: Environment, name: str) -> bool:
@@ -174,9 +174,10 @@ def _unwrap(idea: dict[str, Any]) -> dict[str, Any]:
 
 
 def system_prompt(phase_key: str, idea: dict, domain: str, digest: str,
-                  order: Sequence[str] = DEFAULT) -> str:
-    """The system prompt of one phase. Its first line is `# Phase N of M: <key>`."""
-    values = _phase_vars(phase_key, order)
+                  order: Sequence[str] = DEFAULT, extra: dict[str, Any] | None = None) -> str:
+    """The system prompt of one phase. Its first line is `# Phase N of M: <key>`. `extra`:
+    variables for the phase's own templates (what its `setup` returned, the web tools)."""
+    values = {**(extra or {}), **_phase_vars(phase_key, order)}
     idea = _unwrap(dict(idea or {}))
     layout = layers(phase_key, domain)
     phase_env = _env_for(values["phase"].templates)
@@ -215,8 +216,18 @@ def digest(state: Any) -> str:
     numbers = {k: n for n, k in enumerate(state.phases, 1)}
     handed_on = [(f, k) for k, r in state.phases.items() if _status(r) == "DONE"
                  for f in BY_KEY[k].hands_on] if state.phases else []
-    return _tidy(env.get_template("digest.md.j2").render(state=state, phase_number=numbers,
-                                                         handed_on=handed_on))
+    notes = [_handoff_note(k) for k, r in state.phases.items() if _status(r) == "DONE"] if state.phases else []
+    return _tidy(env.get_template("digest.md.j2").render(
+        state=state, phase_number=numbers, handed_on=handed_on, notes=[n for n in notes if n],
+        section_titles=section_titles(state.phases or DEFAULT)))
+
+
+def _handoff_note(phase_key: str) -> str | None:
+    """What a finished phase tells every later one about its files
+    (`handoff/<key>.md.j2` in its template folder, if it has one)."""
+    phase_env = _env_for(_phase(phase_key).templates)
+    name = f"handoff/{phase_key}.md.j2"
+    return _tidy(phase_env.get_template(name).render()).strip() if _exists(phase_env, name) else None
 
 
 def _status(record: Any) -> str:
@@ -238,9 +249,14 @@ def template_sources(phase_key: str, domain: str) -> str:
         "interrupted_tool.md.j2",
         "digest.md.j2",
     ]
+    sources = [(phase_env, name) for name in names]
+    for phase in BY_KEY.values():  # the digest holds the notes of the phases before this one
+        note_env, note = _env_for(phase.templates), f"handoff/{phase.key}.md.j2"
+        if _exists(note_env, note):
+            sources.append((note_env, note))
     parts = []
-    for name in names:
-        source, _, _ = phase_env.loader.get_source(phase_env, name)
+    for source_env, name in sources:
+        source, _, _ = source_env.loader.get_source(source_env, name)
         parts.append(f"--- {name}\n{source}")
     return "\n".join(parts)
 

@@ -431,7 +431,8 @@ def workspace_for(idea_path: Path, content_hash: str, root: Path) -> Path:
 def submit_session(idea_path: Path, workspace: Path, agent: str | None = None,
                    model: str | None = None, deployment: str = SESSION_DEPLOYMENT,
                    idempotency_key: str | None = None,
-                   job_variables: dict[str, Any] | None = None):
+                   job_variables: dict[str, Any] | None = None,
+                   with_phases: list[str] | None = None, paper_style: str | None = None):
     """One session flow run of the deployment; returns at once (the FlowRun)."""
     from prefect.deployments import run_deployment
 
@@ -440,6 +441,10 @@ def submit_session(idea_path: Path, workspace: Path, agent: str | None = None,
         parameters["agent"] = agent
     if model is not None:
         parameters["model"] = model
+    if with_phases:
+        parameters["with_phases"] = list(with_phases)
+    if paper_style is not None:
+        parameters["paper_style"] = paper_style
     return run_deployment(
         deployment, parameters=parameters, timeout=0, flow_run_name=workspace.name,
         tags=["labrun"], idempotency_key=idempotency_key, job_variables=job_variables,
@@ -512,6 +517,10 @@ def add_parsers(sub) -> None:
     queue.add_argument("--model", default=None)
     queue.add_argument("--workspaces", default="workspaces", metavar="ROOT",
                        help="one workspace per idea is made under ROOT (default ./%(default)s)")
+    queue.add_argument("--with", dest="with_phases", default="", metavar="PHASE,...",
+                       help="optional phases each new session runs too (resources, paper)")
+    queue.add_argument("--paper-style", default=None, metavar="STYLE",
+                       help="the paper phase's LaTeX style: plain (default), neurips, icml, acl or ams")
     queue.add_argument("--deployment", default=SESSION_DEPLOYMENT)
     queue.set_defaults(handler=cmd_queue)
 
@@ -526,6 +535,16 @@ def cmd_queue(args) -> int:
     import httpx
     from prefect.settings import get_current_settings
 
+    from labrun.paper import load_style
+    from labrun.phases import phase_list
+
+    args.with_phases = [p for p in args.with_phases.split(",") if p.strip()]
+    for option, check in (("--with", lambda: phase_list(args.with_phases)),
+                          ("--paper-style", lambda: args.paper_style and load_style(args.paper_style))):
+        try:
+            check()
+        except ValueError as e:
+            raise _cli_error(f"{option}: {e}") from None
     try:
         ideas = collect_ideas(args.ideas)
     except ServerError as e:
@@ -577,7 +596,8 @@ def _queue_one(path: Path, root: Path, args) -> str:
         console.print(f"{path.name}: {workspace} is queued or running already (flow run {active.name} "
                       f"{active.id}, {active.state.name if active.state else 'no state'}); not queued again")
         return "skipped"
-    run = submit_session(path, workspace, args.agent, args.model, args.deployment)
+    run = submit_session(path, workspace, args.agent, args.model, args.deployment,
+                         with_phases=args.with_phases, paper_style=args.paper_style)
     console.print(f"{path.name} → {workspace}\n  flow run {run.name} {run.id}\n  {flow_run_url(run.id)}")
     return "queued"
 

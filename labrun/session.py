@@ -17,13 +17,14 @@ from labrun.state import Attempt, PhaseRecord, SessionState, StateStore
 from labrun.journal import Conversation, phase_usage
 from labrun.usage import Budget, Usage
 from labrun.workspace import Workspace, write_json
+from labrun.paper import DEFAULT_STYLE, load_style
 from labrun.phases import BY_KEY, Phase, Work, phase_list
 
 IGNORED_DIRS = {".labrun", ".git", ".venv", "venv", "__pycache__", "node_modules",
                 ".ipynb_checkpoints", ".pytest_cache", ".mypy_cache"}
 SOURCE_SUFFIXES = {".py", ".sh", ".r", ".jl", ".js", ".ts", ".c", ".cc", ".cpp", ".h", ".hpp",
                    ".rs", ".go", ".java", ".lean", ".m", ".yaml", ".yml", ".toml", ".cfg",
-                   ".ini", ".txt", ".ipynb"}
+                   ".ini", ".txt", ".ipynb", ".tex", ".bib", ".sty", ".cls"}
 DEFAULT_TIME_LIMIT_S = 3600
 
 
@@ -88,12 +89,20 @@ class Session:
         budget_usd: float | None = None,
         max_turns: int | None = None,
         with_phases: Iterable[str] = (),
+        paper_style: str | None = None,
     ) -> "Session":
         """Open (or create) the session in `workspace` and hold its lock until `close`.
-        `with_phases` names the optional phases a new session runs besides the default ones."""
+        `with_phases` names the optional phases a new session runs besides the default ones
+        and those its idea asks for (`metadata.with_phases`); `paper_style` is the paper
+        phase's style (else the idea's `metadata.paper_style`, else the plain one)."""
         ws = Workspace(workspace)
         idea = load_idea(idea_path) if idea_path else None
-        keys = phase_list(with_phases)  # an unknown name fails before anything is written
+        with_phases = [p for p in with_phases if p.strip()]
+        # An unknown name fails before anything is written.
+        keys = phase_list([*with_phases, *(idea.with_phases if idea else ())])
+        style = paper_style or (idea.paper_style if idea else None)
+        if style is not None:
+            load_style(style)
         if ws.state_file.exists() and idea is not None:
             state = StateStore.load(ws).state
             if state.idea_hash != idea.content_hash:
@@ -109,6 +118,7 @@ class Session:
                 idea = load_idea(ws.data / "idea.yaml")
                 session = cls(ws, store, idea)
                 session._check_phases(keys if with_phases else None)
+                session._check_paper_style(paper_style)
                 session._settle(agent, model, budget_usd, max_turns)
                 session.reconcile_after_crash()
             else:
@@ -126,6 +136,7 @@ class Session:
                     budget_usd=budget_usd if budget_usd is not None else idea.budget_usd,
                     max_turns=max_turns,
                     phases={k: PhaseRecord() for k in keys},
+                    paper_style=(style or DEFAULT_STYLE) if "paper" in keys else None,
                 )
                 store = StateStore(ws, state)
                 session = cls(ws, store, idea)
@@ -154,6 +165,12 @@ class Session:
             raise SessionMismatch(
                 f"{self.ws.root}: this session's phases were fixed when it started "
                 f"({', '.join(self.state.phases)}); use a new --workspace for other phases")
+
+    def _check_paper_style(self, wanted: str | None) -> None:
+        if wanted is not None and wanted != self.state.paper_style:
+            raise SessionMismatch(
+                f"{self.ws.root}: this session's paper style was fixed when it started "
+                f"({self.state.paper_style or 'none: it has no paper phase'}); use a new --workspace for another")
 
     def _settle(self, agent: str | None, model: str | None, budget_usd: float | None,
                 max_turns: int | None) -> None:
@@ -219,9 +236,10 @@ class Session:
 
     # -- phases ----------------------------------------------------------------------------
 
-    def work(self, sections: dict[str, str]) -> Work:
+    def work(self, phase_key: str, sections: dict[str, str]) -> Work:
         """What a phase's completion rule is checked against."""
-        return Work(self.ws.root, sections, self.state.attempts)
+        return Work(self.ws.root, sections, self.state.attempts, phase_key,
+                    self.ws.phase_dir(phase_key))
 
     def give_sections(self, phase_key: str, sections: dict[str, str]) -> None:
         with self.store._lock:

@@ -73,6 +73,8 @@ class SessionState(BaseModel):
     budget_usd: float | None = None
     max_turns: int | None = None
     """Overrides every phase's turn limit when set."""
+    paper_style: str | None = None
+    """The paper phase's LaTeX style (`templates/paper_styles/`), when it has that phase."""
     created_at: str = Field(default_factory=now)
     phases: dict[str, PhaseRecord] = Field(
         default_factory=lambda: {k: PhaseRecord() for k in DEFAULT}

@@ -33,6 +33,7 @@ def session_status(root: Path) -> dict[str, Any]:
             "agent": state.agent,
             "model": state.model,
             "budget_usd": state.budget_usd,
+            "paper_style": state.paper_style,
             "complete": state.complete,
             "active_phase": state.active_phase,
             "next_action": state.next_action(str(ws.root)),

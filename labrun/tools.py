@@ -11,7 +11,7 @@ import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal
 
 from pydantic import BaseModel, Field, ValidationError, create_model
 
@@ -38,10 +38,10 @@ class RunExperimentInput(BaseModel):
     fix_applied: str | None = Field(default=None, description="After a failure: what you changed.")
 
 
-def complete_phase_input() -> type[BaseModel]:
+def complete_phase_input(phases: Iterable[str] | None = None) -> type[BaseModel]:
     """`complete_phase`'s input: a summary, and one optional markdown field per STATE
-    section that a registered phase gives."""
-    return _complete_phase_input(tuple(section_titles()))
+    section that one of `phases` gives (default: every registered phase)."""
+    return _complete_phase_input(tuple(section_titles(phases)))
 
 
 @functools.cache
@@ -70,8 +70,9 @@ class EditorInput(BaseModel):
     view_range: list[int] | None = None
 
 
-def tool_specs() -> list[dict[str, Any]]:
-    """The tool definitions sent to the model; part of every phase's version."""
+def tool_specs(phases: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    """The tool definitions sent to the model; part of every phase's version. `phases`: the
+    session's, whose sections `complete_phase` takes (default: every registered phase's)."""
 
     def custom(name: str, model: type[BaseModel]) -> dict[str, Any]:
         schema = model.model_json_schema()
@@ -82,7 +83,7 @@ def tool_specs() -> list[dict[str, Any]]:
         {"type": "bash_20250124", "name": "bash"},
         {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"},
         custom("run_experiment", RunExperimentInput),
-        custom("complete_phase", complete_phase_input()),
+        custom("complete_phase", complete_phase_input(None if phases is None else tuple(phases))),
     ]
 
 
@@ -233,7 +234,7 @@ class ToolBox:
     def missing(self, sections: dict[str, str] | None = None) -> list[str]:
         """What the phase's completion rule still lacks (sections: those given so far)."""
         given = self.session.state.sections if sections is None else sections
-        return self.phase.missing(self.session.work(given))
+        return self.phase.missing(self.session.work(self.phase.key, given))
 
     def complete_phase(self, inp: BaseModel) -> str:
         given = {k: v for k, v in inp.sections.model_dump().items() if v and v.strip()}

@@ -79,7 +79,7 @@ def run_turns(model: Model, toolbox: ToolBox, convo: Conversation, system: str, 
               budget: Budget) -> None:
     """Drive the conversation until `complete_phase` succeeds."""
     phase = toolbox.phase.key
-    specs = tool_specs()
+    specs = tool_specs(toolbox.session.state.phases)
     while toolbox.completed is None:
         if convo.turns >= max_turns:
             raise PhaseStopped(
@@ -88,7 +88,7 @@ def run_turns(model: Model, toolbox: ToolBox, convo: Conversation, system: str, 
             )
         budget.check()
         toolbox.session.ws.check_disk()
-        request = ModelRequest(system=system, messages=convo.messages(), tools=specs)
+        request = ModelRequest(system=system, messages=convo.messages(), tools=specs, web=toolbox.phase.web)
         reply = model_call(model, request, phase=phase, turn=convo.turns + 1)
         convo.add_reply(reply.content, reply.usage, reply.stop_reason)
         crashpoint("reply-saved")
@@ -98,6 +98,8 @@ def run_turns(model: Model, toolbox: ToolBox, convo: Conversation, system: str, 
             result = toolbox.call(block["name"], block.get("input") or {})
             convo.add_tool_result(block["id"], block["name"], result.content, result.is_error)
         _report(toolbox, convo, tool_uses, budget.used)
+        if reply.stop_reason == "pause_turn":
+            continue  # the API paused its own tool loop: sent back as it is, the turn goes on
         if not tool_uses and toolbox.completed is None:
             convo.add_user_text(prompts.nudge(phase, "; ".join(toolbox.missing()), toolbox.session.state.phases))
 

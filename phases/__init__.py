@@ -7,20 +7,28 @@ tools and STATE.md read everything from here, so adding a phase is a declaration
 templates (`register`), nothing else.
 
 A session's phases are fixed when it starts (`phase_list`) and kept in its state, in order;
-the six research phases of DESIGN.md are the default.
+the six research phases of DESIGN.md are the default. Two optional phases take NeuriCo's
+other stages: `resources` (literature, datasets and code, before planning) and `paper` (a
+LaTeX paper, after documentation).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from labrun.phases.rules import Files, Rule, Sections, SuccessfulAttempt, Work
+from labrun import paper
+from labrun.phases.rules import (CitesFetchedSource, Compiled, Files, LatexPaper, Rule, Sections,
+                                 SuccessfulAttempt, TraceableNumbers, Work)
 from labrun.resources import TEMPLATES
 
+if TYPE_CHECKING:
+    from labrun.session import Session
+
 __all__ = ["Phase", "register", "phase_list", "BY_KEY", "PHASES", "DEFAULT", "SECTION_TITLES",
-           "Files", "Sections", "SuccessfulAttempt", "Rule", "Work"]
+           "Files", "Sections", "SuccessfulAttempt", "CitesFetchedSource", "LatexPaper",
+           "TraceableNumbers", "Compiled", "Rule", "Work"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,11 @@ class Phase:
     templates: Path = TEMPLATES
     default: bool = True
     """In every session unless left out; an optional phase is chosen with `--with`."""
+    web: bool = False
+    """The agent's backend offers its web search and fetch tools in this phase."""
+    setup: Callable[["Session"], dict[str, Any]] | None = None
+    """Run when the phase's conversation starts: may put the files the phase starts from
+    into the workspace, and returns variables for its templates."""
 
     @property
     def sections(self) -> tuple[str, ...]:
@@ -49,11 +62,16 @@ class Phase:
 
     def rule_text(self) -> str:
         """The completion rule in words, for the prompts."""
-        return " and ".join(rule.describe() for rule in self.done_when)
+        parts = [rule.describe() for rule in self.done_when]
+        if len(parts) <= 2:
+            return " and ".join(parts)
+        return "; ".join(parts[:-1]) + "; and " + parts[-1]
 
 
 BY_KEY: dict[str, Phase] = {}
-"""Every known phase, in pipeline order."""
+"""Every known phase, by key, in the order they were registered (the default ones first)."""
+_PIPELINE: list[str] = []
+"""Every known phase's key, in the order phases run."""
 
 
 def register(phase: Phase, *, before: str | None = None, after: str | None = None) -> Phase:
@@ -61,14 +79,13 @@ def register(phase: Phase, *, before: str | None = None, after: str | None = Non
     if phase.key in BY_KEY and BY_KEY[phase.key] != phase:
         raise ValueError(f"a different phase {phase.key!r} is registered already")
     anchor = before or after
-    keys = [k for k in BY_KEY if k != phase.key]
-    if anchor is not None and anchor not in keys:
+    order = [k for k in _PIPELINE if k in BY_KEY and k != phase.key]
+    if anchor is not None and anchor not in order:
         raise ValueError(f"cannot place phase {phase.key!r} next to unknown phase {anchor!r}")
-    at = len(keys) if anchor is None else keys.index(anchor) + (1 if after else 0)
-    keys.insert(at, phase.key)
-    known = {**BY_KEY, phase.key: phase}
-    BY_KEY.clear()
-    BY_KEY.update({k: known[k] for k in keys})
+    at = len(order) if anchor is None else order.index(anchor) + (1 if after else 0)
+    order.insert(at, phase.key)
+    _PIPELINE[:] = order
+    BY_KEY[phase.key] = phase
     return phase
 
 
@@ -79,7 +96,7 @@ def phase_list(chosen: Iterable[str] = ()) -> tuple[str, ...]:
     unknown = [c for c in chosen if c not in BY_KEY]
     if unknown:
         raise ValueError(f"unknown phase {unknown[0]!r}; the phases are: {', '.join(BY_KEY)}")
-    return tuple(k for k, p in BY_KEY.items() if p.default or k in chosen)
+    return tuple(k for k in _PIPELINE if k in BY_KEY and (BY_KEY[k].default or k in chosen))
 
 
 for _phase in (
@@ -99,7 +116,24 @@ for _phase in (
 ):
     register(_phase)
 
-PHASES: tuple[Phase, ...] = tuple(BY_KEY.values())
+register(Phase(
+    "resources", "Resources", "literature review, datasets and code",
+    (Files("literature_review.md", "resources.md"),
+     Sections(literature="Literature and Resources"),
+     CitesFetchedSource(("literature_review.md", "resources.md"), "literature")),
+    max_turns=50, hands_on=("literature_review.md", "resources.md"), default=False, web=True,
+), before="planning")
+register(Phase(
+    "paper", "Paper", "a LaTeX paper of the study",
+    (Files(paper.MAIN, f"{paper.FOLDER}/references.bib"),
+     LatexPaper(paper.MAIN, f"{paper.FOLDER}/references.bib"),
+     TraceableNumbers(paper.FOLDER),
+     Compiled(paper.MAIN, "paper"),
+     Sections(paper="Paper")),
+    max_turns=50, hands_on=(paper.MAIN,), default=False, setup=paper.setup,
+), after="documentation")
+
+PHASES: tuple[Phase, ...] = tuple(BY_KEY[k] for k in phase_list())
 """The six research phases of DESIGN.md, in order: every session's phases by default."""
 DEFAULT: tuple[str, ...] = tuple(p.key for p in PHASES)
 

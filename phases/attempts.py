@@ -22,6 +22,7 @@ from labrun.state import Attempt
 from labrun.tools import RunExperimentInput, ToolError, parse_metrics
 
 ERROR_LINE = re.compile(r"^\s*([\w.]*(Error|Exception|Exit|Interrupt)\b.*)$", re.M)
+TEX_ERROR = re.compile(r"^(?:\S+\.(?:tex|sty|cls|bib):\d+: |! ).+$", re.M)  # TeX's first error
 MAX_OUTPUT_BYTES = 200_000_000
 DISK_FULL = os.strerror(errno.ENOSPC)  # "No space left on device"
 
@@ -108,6 +109,8 @@ def judge(session: Session, attempt: Attempt, result) -> tuple[str, str | None, 
     if "Traceback (most recent call last)" in full or (errors and ERROR_LINE.search(full)):
         found = ERROR_LINE.findall(full)
         errors.insert(0, found[-1][0].strip() if found else "a Python traceback")
+    if errors and (tex := TEX_ERROR.search(full)):
+        errors.insert(0, tex.group(0).strip())
     if DISK_FULL in full or (errors and session.ws.nearly_full()):
         errors.insert(0, f"the disk filled up ({session.ws.free_mb():.0f} MB free)")
     outputs = [p for p in attempt.outputs if (root / p).exists()]

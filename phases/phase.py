@@ -14,7 +14,7 @@ from typing import Any
 from prefect import task
 
 from labrun import prompts
-from labrun.agents import make_agent
+from labrun.agents import make_agent, web_tools
 from labrun.crashpoints import crashpoint
 from labrun.journal import Conversation, phase_usage
 from labrun.session import Session, workspace_files
@@ -28,10 +28,21 @@ def phase_version(session: Session, key: str) -> str:
     agent = make_agent(session.state.agent, session.state.model)
     parts = [
         prompts.template_sources(key, session.idea.guidance_domain),
-        json.dumps(tool_specs(), sort_keys=True),
+        json.dumps(tool_specs(session.state.phases), sort_keys=True),
         json.dumps({"agent": session.state.agent, **agent.settings}, sort_keys=True),
     ]
+    if BY_KEY[key].web:
+        parts.append(json.dumps(web_tools(session.state.agent)))
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def template_context(session: Session, phase: Phase) -> dict[str, Any]:
+    """What the phase's own templates get besides the idea and the digest: the backend's web
+    tools when the phase offers them, and what the phase's `setup` returned (it runs now)."""
+    context: dict[str, Any] = {"web_tools": web_tools(session.state.agent) if phase.web else ()}
+    if phase.setup is not None:
+        context.update(phase.setup(session))
+    return context
 
 
 def toolbox(session: Session, phase: Phase) -> ToolBox:
@@ -84,11 +95,11 @@ def run_phase(session_id: str, workspace: str, phase_key: str, number: int, vers
             convo = Conversation.start(phase_dir)
         # A phase cut off before its first reply keeps its prompt: the same request is asked again.
         if not any(r["kind"] == "system" for r in convo.records):
+            files_before = workspace_files(session.ws.root)  # what `setup` puts there is the phase's
             system = prompts.system_prompt(phase_key, session.idea.as_prompt_dict(),
                                            session.idea.guidance_domain, prompts.digest(session.state),
-                                           order)
-            convo.append({"kind": "system", "text": system,
-                          "files_before": workspace_files(session.ws.root)})
+                                           order, template_context(session, phase))
+            convo.append({"kind": "system", "text": system, "files_before": files_before})
         if not any(r["kind"] == "user" for r in convo.records):
             convo.add_user_text(prompts.kickoff(phase_key, order))
         event = f"phase {number} {phase_key} started (run {record.runs})"

@@ -1,7 +1,7 @@
 """A competent stand-in for a model behind the fake Messages API (`fake_messages_api.py`).
 
 `AutoResearcher()` is a callable `f(body) -> reply` for `FakeMessagesAPI(default=...)`. It
-reads the phase from the system prompt's first line (`# Phase N of 6: key`) and the turn
+reads the phase from the system prompt's first line (`# Phase N of M: key`) and the turn
 from the conversation (assistant messages so far, plus one), and answers with the tool
 calls that do that phase's work through labrun's real tools: it writes a plan, makes
 folders, writes and smoke-tests a small simulation, runs it with `run_experiment`, reads
@@ -21,7 +21,9 @@ import re
 import threading
 from typing import Any
 
-HEADING = re.compile(r"# Phase (\d) of 6: (\w+)")
+from fake_messages_api import web_fetch, web_search, web_search_citation
+
+HEADING = re.compile(r"# Phase (\d+) of (\d+): (\w+)")
 
 IDEA = """\
 idea:
@@ -80,6 +82,12 @@ if __name__ == "__main__":
 '''
 
 COMMAND = "python3 src/experiment.py"
+SOURCE = "https://example.org/papers/averaging-noise.pdf"
+SOURCE_TITLE = "Averaging noisy measurements"
+SOURCE_TEXT = "The RMSE of the mean of k independent draws with standard deviation sigma is sigma/sqrt(k)."
+PAPER_COMPILE = "latexmk -pdf -interaction=nonstopmode -halt-on-error -file-line-error -cd paper/main.tex"
+PAPER_LOOK = ("cat results/metrics.json; echo; cat literature_review.md 2>/dev/null; grep input paper/main.tex; "
+              "command -v latexmk pdflatex || echo NO TEX")
 
 
 def phase_and_turn(body: dict[str, Any]) -> tuple[str, int]:
@@ -89,7 +97,7 @@ def phase_and_turn(body: dict[str, Any]) -> tuple[str, int]:
     if not found:
         raise ValueError("the system prompt's first line names no phase")
     turn = sum(1 for m in body.get("messages", []) if m.get("role") == "assistant") + 1
-    return found.group(2), turn
+    return found.group(3), turn
 
 
 def tool_results(body: dict[str, Any]) -> list[str]:
@@ -116,9 +124,11 @@ def _call(name: str, **inp: Any) -> tuple[str, dict[str, Any]]:
 
 class AutoResearcher:
     def __init__(self, faults: dict[tuple[str, int], list[dict]] | None = None,
-                 slow_experiment_s: float = 0):
+                 slow_experiment_s: float = 0, fetch_error: str | None = None):
         self.faults = {k: list(v) for k, v in (faults or {}).items()}
         self.slow_experiment_s = slow_experiment_s
+        self.fetch_error = fetch_error
+        """A web_fetch error code (`url_not_accessible`, ...) the resources phase meets."""
         self._lock = threading.Lock()
 
     def __call__(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -127,11 +137,71 @@ class AutoResearcher:
             queue = self.faults.get((phase, turn))
             if queue:
                 return queue.pop(0)
-        say, calls = getattr(self, phase)(body, turn)
+        answer = getattr(self, phase)(body, turn)
+        if isinstance(answer, dict):
+            return answer  # a reply of the API's own tools, as it comes
+        say, calls = answer
         content: list[dict[str, Any]] = [{"type": "text", "text": say}]
         content += [{"type": "tool_use", "id": f"toolu_{phase[:4]}{turn:02d}{i}", "name": name, "input": inp}
                     for i, (name, inp) in enumerate(calls)]
         return {"content": content}
+
+    # -- the optional phases ---------------------------------------------------------------
+
+    def resources(self, body, turn):
+        """Turn 1 searches the web, and the API pauses its tool loop; turn 2 (the paused
+        turn going on) fetches the paper found and writes the two files; turn 3 completes."""
+        if turn == 1:
+            return {"content": [{"type": "text", "text": "Searching the literature first."},
+                                *web_search("averaging noisy measurements rmse", [(SOURCE, SOURCE_TITLE, SOURCE_TEXT)])],
+                    "stop_reason": "pause_turn"}
+        if turn == 2:
+            fetched = self.fetch_error is None
+            review = (f"# Literature review\n\n- {SOURCE_TITLE}. {SOURCE} — "
+                      + ("fetched and read: the RMSE of a mean of k draws is sigma/sqrt(k).\n" if fetched
+                         else f"found by search; fetching it failed ({self.fetch_error}).\n"))
+            catalogue = (f"# Resources\n\n| source | licence |\n|---|---|\n| {SOURCE} | not stated |\n\n"
+                         "No datasets: the measurements are simulated.\n")
+            write = [{"type": "tool_use", "id": f"toolu_reso02{i}", "name": "str_replace_based_edit_tool",
+                      "input": {"command": "create", "path": path, "file_text": text}}
+                     for i, (path, text) in enumerate((("literature_review.md", review), ("resources.md", catalogue)))]
+            return {"content": [*web_fetch(SOURCE, SOURCE_TEXT, error=self.fetch_error),
+                                {"type": "text", "text": "The source says the RMSE falls as 1/sqrt(k).",
+                                 "citations": [web_search_citation(SOURCE, SOURCE_TITLE, SOURCE_TEXT[:30])]},
+                                *write]}
+        summary = f"- {SOURCE_TITLE} ({SOURCE}): RMSE of a k-sample mean is sigma/sqrt(k)."
+        if self.fetch_error:
+            summary += f"\nNo source could be fetched: web_fetch answered {self.fetch_error} for {SOURCE}."
+        return "Recording the sources.", [_call("complete_phase", summary="Literature gathered.",
+                                                 sections={"literature": summary})]
+
+    def paper(self, body, turn):
+        """Turn 1 looks at what the paper is made from; turn 2 writes it; turn 3 compiles it
+        when TeX is here (else completes), turn 4 completes."""
+        if turn == 1:
+            return "Looking at the results, the sources and the paper's skeleton.", [_call("bash", command=PAPER_LOOK)]
+        seen = "\n".join(tool_results(body))
+        tex = "NO TEX" not in seen
+        if turn == 2:
+            metrics = _last_json([seen])
+            sections = re.findall(r"input\{sections/(\w+)\}", seen)
+            cite = "\\cite{source}" if SOURCE in seen else ""
+            text = {name: f"\\section{{{name.replace('_', ' ').capitalize()}}}\nThe fitted slope is "
+                          f"${metrics.get('slope')}$, against $-0.5$ in theory {cite}.\n" for name in sections}
+            text["abstract"] = f"A simulation of averaging gives a log-log slope of ${metrics.get('slope')}$.\n"
+            bib = f"@misc{{source,\n  title = {{{SOURCE_TITLE}}},\n  url = {{{SOURCE}}}\n}}\n" if cite else ""
+            calls = [_call("str_replace_based_edit_tool", command="create", path=f"paper/sections/{name}.tex",
+                           file_text=text[name]) for name in sections]
+            calls.append(_call("str_replace_based_edit_tool", command="create", path="paper/references.bib",
+                               file_text=bib))
+            return "Writing the paper.", calls
+        compiled = any(re.match(r"Attempt \d+: SUCCESS", r) for r in tool_results(body))
+        if turn == 3 and tex and not compiled:
+            return "Compiling.", [_call("run_experiment", command=PAPER_COMPILE, purpose="compile the paper",
+                                        outputs=["paper/main.pdf"])]
+        state = "compiled to paper/main.pdf" if tex else "not compiled: no TeX is installed here"
+        return "Done.", [_call("complete_phase", summary=f"Paper {state}.",
+                               sections={"paper": f"- paper/main.tex, {state}"})]
 
     # -- the six phases: (what it says, the tool calls) for a turn -------------------------
 
@@ -221,3 +291,5 @@ def _last_json(results: list[str]) -> dict[str, Any]:
 TURNS = {"planning": 2, "setup": 2, "implementation": 3, "experiments": 2, "analysis": 2,
          "documentation": 2}
 """Turns each phase takes when nothing goes wrong."""
+EXTRA_TURNS = {"resources": 3, "paper": 4}
+"""Turns of the optional phases (the paper's: 3 when no TeX is installed)."""

@@ -15,7 +15,7 @@ from labrun.session import Session
 from labrun.state import phase_table
 from labrun.phases.phase import toolbox
 from labrun.workspace import DiskFull
-from labrun.phases import BY_KEY
+from labrun.phases import BY_KEY, DEFAULT
 
 FLOOR_MB = 8
 
@@ -59,7 +59,7 @@ def test_a_nearly_full_disk_stops_the_session_in_one_line_and_it_resumes_once_fr
     assert resumed.returncode == 0, resumed.stderr
     status = json.loads(labrun("status", str(ws), "--json").stdout)
     assert status["session"]["complete"]
-    assert [(p["key"], p["runs"]) for p in status["phases"]] == [(k, 1) for k in BY_KEY]
+    assert [(p["key"], p["runs"]) for p in status["phases"]] == [(k, 1) for k in DEFAULT]
 
 
 def test_an_attempt_that_fills_the_disk_is_recorded_failed_and_the_next_step_waits(small_disk, prefect_api,

@@ -21,6 +21,13 @@ if TYPE_CHECKING:
     from labrun.usage import Budget
 
 AGENTS = ("anthropic", "claude-code", "scripted")
+WEB_TOOLS = {"anthropic": ("web_search", "web_fetch"), "claude-code": ("WebSearch", "WebFetch")}
+"""The web search and fetch tools each backend has (the Messages API's server tools, Claude
+Code's own); a phase declared `web` offers them."""
+
+
+def web_tools(agent: str) -> tuple[str, ...]:
+    return WEB_TOOLS.get(agent, ())
 
 
 class AgentUnavailable(Exception):

@@ -12,6 +12,7 @@ hangs, or hangs inside an experiment attempt, each once per workspace.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -28,6 +29,25 @@ HERE = Path(__file__).parent
 _docs = Environment(loader=FileSystemLoader(HERE), undefined=StrictUndefined)
 BUG = "len(error))"
 FIX = "len(errors))"
+LITERATURE_MARKER = "No source could be fetched:"
+PAPER_COMPILE = "latexmk -pdf -interaction=nonstopmode -halt-on-error -file-line-error -cd paper/main.tex"
+# What the paper is written from, printed in one look: metrics, the table, the source the
+# resources phase fetched, the sections and bibliography style of main.tex, and whether TeX
+# is here.
+PAPER_LOOK = """python3 - <<'EOF'
+import json, pathlib, re, shutil
+print("METRICS " + json.dumps(json.load(open("results/metrics.json"))))
+print("ROWS\\n" + open("results/rmse_by_k.csv").read().strip() + "\\nEND ROWS")
+review = pathlib.Path("literature_review.md")
+for url in re.findall(r"^- (https?://\\S+) — fetched", review.read_text() if review.exists() else "", re.M)[:1]:
+    print("SOURCE " + url)
+main = open("paper/main.tex").read()
+for name in re.findall(r"\\\\input\\{sections/(\\w+)\\}", main):
+    print("SECTION " + name)
+for style in re.findall(r"\\\\bibliographystyle\\{(\\w+)\\}", main):
+    print("BIBSTYLE " + style)
+print("TEX " + (shutil.which("latexmk") if shutil.which("latexmk") and shutil.which("pdflatex") else "NONE"))
+EOF"""
 
 
 class ScriptedFault(Exception):
@@ -63,8 +83,101 @@ def _attempt_metrics(messages: list[dict]) -> str:
     return found.group(1) if found else "none (the last run_experiment call did not run)"
 
 
+def _results(messages: list[dict]) -> list[str]:
+    """The text of every tool result the agent has seen, oldest first."""
+    return [b["content"] if isinstance(b["content"], str) else json.dumps(b["content"])
+            for m in messages if m["role"] == "user" and isinstance(m["content"], list)
+            for b in m["content"] if b.get("type") == "tool_result"]
+
+
+def _idea_url(system: str) -> str | None:
+    """The first address the idea itself gives (its background's references)."""
+    idea = system.partition("## The research idea")[2]
+    found = re.search(r"https?://[^\s;,)]+", idea)
+    return found.group(0) if found else None
+
+
+def _fetch_outcome(r: ModelRequest) -> dict:
+    """What the resources phase's download gave: the address, and whether it came."""
+    url = _idea_url(r.system)
+    result = _last_result(r.messages)
+    failed = "[exit code:" in result or url is None
+    size = re.search(r"^(\d+) papers/source-1", result, flags=re.M)
+    return {"title": _title(r.system), "url": url, "fetched": not failed, "path": "papers/source-1.pdf",
+            "size": size.group(1) if size else "?", "error": result.strip().splitlines()[0] if failed and url else ""}
+
+
+def _resources_section(r: ModelRequest) -> str:
+    outcome = _fetch_outcome(r)
+    if outcome["fetched"]:
+        return (f"- Fetched the idea's reference {outcome['url']} to papers/source-1.pdf (not read).\n"
+                "- No datasets: the measurements are simulated. No code to reuse.")
+    why = (f"the download of {outcome['url']} failed ({outcome['error']})" if outcome["url"]
+           else "the idea names no reference and the scripted agent does not search")
+    return f"- Nothing gathered.\n{LITERATURE_MARKER} {why}."
+
+
+def _fetch(r: ModelRequest) -> list[tuple[str, dict]]:
+    url = _idea_url(r.system)
+    if url is None:
+        return [_call("bash", command="mkdir -p papers datasets code && ls")]
+    return [_call("bash", command=f"mkdir -p papers datasets code && curl -fsSL -m 20 -o papers/source-1.pdf '{url}' "
+                                  "&& wc -c papers/source-1.pdf")]
+
+
+def _paper_context(r: ModelRequest) -> dict:
+    """What the paper's text is made from: step 1's printout of the results and sources."""
+    seen = "\n".join(_results(r.messages))
+    metrics = json.loads(re.search(r"^METRICS (.*)$", seen, flags=re.M).group(1))
+    rows = list(csv.DictReader(seen.partition("ROWS\n")[2].partition("\nEND ROWS")[0].splitlines()))
+    url = next(iter(re.findall(r"^SOURCE (https?://\S+)$", seen, flags=re.M)), None)
+    return {"title": _title(r.system), "metrics": metrics, "rows": rows, "url": url,
+            "cite": "source1" if url else None, "tex": "TEX NONE" not in seen,
+            "sections": re.findall(r"^SECTION (\w+)$", seen, flags=re.M),
+            "bib_style": next(iter(re.findall(r"^BIBSTYLE (\w+)$", seen, flags=re.M)), "plainnat"),
+            "supported": all(metrics["slopes_within_tolerance"].values()) if "slopes_within_tolerance" in metrics
+            else all(abs(metrics[k] + 0.5) <= 0.05 for k in ("slope_gaussian", "slope_uniform"))}
+
+
+def _write_paper(r: ModelRequest) -> list[tuple[str, dict]]:
+    c = _paper_context(r)
+    paper = _docs.get_template("paper.tex.j2")
+    calls = []
+    for name in c["sections"]:
+        block = paper.blocks.get(name, paper.blocks["other"])
+        broken = c["tex"] and "results" in c["sections"]  # an error for the first compile to find
+        text = "".join(block(paper.new_context({**c, "name": name, "broken": broken}))).strip() + "\n"
+        calls.append(_call("str_replace_based_edit_tool", command="create", path=f"paper/sections/{name}.tex",
+                           file_text=text))
+    bib = ("@misc{source1,\n  title = {The reference the idea names},\n"
+           "  note = {Fetched by labrun's scripted agent, not read},\n"
+           "  url = {" + c["url"] + "}\n}\n") if c["url"] else ""
+    calls.append(_call("str_replace_based_edit_tool", command="create", path="paper/references.bib", file_text=bib))
+    if not c["url"]:  # nothing to cite: BibTeX would stop on an empty bibliography
+        calls.append(_call("str_replace_based_edit_tool", command="str_replace", path="paper/main.tex",
+                           old_str=f"\\bibliographystyle{{{c['bib_style']}}}\n\\bibliography{{references}}\n",
+                           new_str=""))
+    return calls
+
+
+def _compile_or_finish(r: ModelRequest) -> list[tuple[str, dict]]:
+    if _paper_context(r)["tex"]:
+        return [_call("run_experiment", command=PAPER_COMPILE, purpose="compile the paper",
+                      outputs=["paper/main.pdf"])]
+    return [_finish_paper(r)]
+
+
+def _finish_paper(r: ModelRequest) -> tuple[str, dict]:
+    c = _paper_context(r)
+    compiled = ("compiled to paper/main.pdf with latexmk" if c["tex"]
+                else "not compiled: no TeX is installed here (no latexmk and pdflatex on the PATH)")
+    return _call("complete_phase", summary=f"Paper written in paper/, {compiled}.", sections={
+        "paper": f"- Title: {c['title']}\n- Main file: paper/main.tex; {compiled}\n"
+                 "- Written by the scripted agent (an offline stand-in): it restates the simulation's numbers."})
+
+
 def _title(system: str) -> str:
-    found = re.search(r"^\s*(?:\*\*)?Title(?:\*\*)?:\s*(.+)$", system, flags=re.M | re.I)
+    found = re.search(r"^\s*\*{0,2}Title\*{0,2}:\*{0,2}\s*(.+)$", system, flags=re.M | re.I)
     return found.group(1).strip() if found else "the idea"
 
 
@@ -122,6 +235,15 @@ SCRIPT: dict[str, list[Step]] = {
             "- A NameError cost one attempt; attempts record it.".format(
                 ok=all(_metrics(r.messages)["slopes_within_tolerance"].values()), **_metrics(r.messages))})],
     ],
+    "resources": [
+        _fetch,
+        lambda r: [_call("str_replace_based_edit_tool", command="create", path="literature_review.md",
+                         file_text=_docs.get_template("literature_review.md.j2").render(**_fetch_outcome(r))),
+                   _call("str_replace_based_edit_tool", command="create", path="resources.md",
+                         file_text=_docs.get_template("resources.md.j2").render(**_fetch_outcome(r)))],
+        lambda r: [_call("complete_phase", summary="Sources recorded in literature_review.md and resources.md.",
+                         sections={"literature": _resources_section(r)})],
+    ],
     "documentation": [
         lambda r: [_call("bash", command="python3 src/analyze.py")],
         lambda r: [_call("str_replace_based_edit_tool", command="create", path="REPORT.md",
@@ -131,6 +253,17 @@ SCRIPT: dict[str, list[Step]] = {
                    _call("str_replace_based_edit_tool", command="create", path="README.md",
                          file_text=_docs.get_template("readme.md.j2").render(title=_title(r.system)))],
         lambda r: [_call("complete_phase", summary="REPORT.md and README.md written.")],
+    ],
+    "paper": [
+        lambda r: [_call("bash", command=PAPER_LOOK)],
+        _write_paper,
+        _compile_or_finish,
+        lambda r: [_call("str_replace_based_edit_tool", command="str_replace", path="paper/sections/results.tex",
+                         old_str="\\slopetable\n", new_str="")],
+        lambda r: [_call("run_experiment", command=PAPER_COMPILE, purpose="compile the paper",
+                         outputs=["paper/main.pdf"],
+                         fix_applied="results.tex used \\slopetable, a macro defined nowhere; removed it")],
+        lambda r: [_finish_paper(r)],
     ],
 }
 
