@@ -217,24 +217,30 @@ def cmd_run(args) -> int:
         console.print(f"[yellow]note:[/yellow] {args.workspace} is not empty; the agent will work beside what is there.")
     # A new session defaults to the real agent; an existing one keeps its own.
     agent = args.agent or ("anthropic" if not state_file.is_file() else None)
-    from labrun.phases import phase_list
-
-    from labrun.paper import load_style
-
-    with_phases = [p for p in args.with_phases.split(",") if p.strip()]
-    try:
-        keys = phase_list([*with_phases, *idea.with_phases])
-    except ValueError as e:
-        raise CliError(f"--with: {e}") from None
-    if args.paper_style is not None:
-        try:
-            load_style(args.paper_style)
-        except ValueError as e:
-            raise CliError(f"--paper-style: {e}") from None
-        if "paper" not in keys:
-            raise CliError("--paper-style: this session has no paper phase; add --with paper")
+    with_phases = phase_options(args.with_phases, args.paper_style, idea.with_phases)
     return _run_flow(args.idea, args.workspace, agent, args.model, args.budget_usd, args.max_turns,
                      with_phases, args.paper_style)
+
+
+def phase_options(with_text: str, paper_style: str | None, asked=None) -> list[str]:
+    """`--with` and `--paper-style`, checked: the optional phases named. `asked`: those the
+    idea asks for (None: not known yet, so a style is not checked against the paper phase)."""
+    from labrun.paper import load_style
+    from labrun.phases import phase_list
+
+    with_phases = [p.strip() for p in with_text.split(",") if p.strip()]
+    try:
+        keys = phase_list([*with_phases, *(asked or ())])
+    except ValueError as e:
+        raise CliError(f"--with: {e}") from None
+    if paper_style is not None:
+        try:
+            load_style(paper_style)
+        except ValueError as e:
+            raise CliError(f"--paper-style: {e}") from None
+        if asked is not None and "paper" not in keys:
+            raise CliError("--paper-style: this session has no paper phase; add --with paper")
+    return with_phases
 
 
 def cmd_resume(args) -> int:

@@ -535,16 +535,9 @@ def cmd_queue(args) -> int:
     import httpx
     from prefect.settings import get_current_settings
 
-    from labrun.paper import load_style
-    from labrun.phases import phase_list
+    from labrun.cli import phase_options
 
-    args.with_phases = [p for p in args.with_phases.split(",") if p.strip()]
-    for option, check in (("--with", lambda: phase_list(args.with_phases)),
-                          ("--paper-style", lambda: args.paper_style and load_style(args.paper_style))):
-        try:
-            check()
-        except ValueError as e:
-            raise _cli_error(f"{option}: {e}") from None
+    args.with_phases = phase_options(args.with_phases, args.paper_style)  # each idea may ask for more
     try:
         ideas = collect_ideas(args.ideas)
     except ServerError as e:

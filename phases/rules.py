@@ -171,9 +171,10 @@ class TraceableNumbers:
         if not papers:
             return []
         sources = [p for p in (work.root / self.results).rglob("*") if p.is_file()]
-        for a in work.attempts:
+        for a in work.attempts:  # what experiments wrote elsewhere (the paper's own builds aside)
             if a.status == "SUCCESS":
-                sources += [work.root / f for f in [*a.outputs, a.metrics_file] if f]
+                sources += [work.root / f for f in [*a.outputs, a.metrics_file]
+                            if f and not f.startswith(f"{self.folder}/")]
         known = latex.Numbers.in_files([*sources, work.root / self.IDEA])
         untraced = [(p, n) for p in papers for n in latex.stated_numbers(latex.body(latex.text(p)))
                     if not known.traces(n)]

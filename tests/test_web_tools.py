@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fake_messages_api import FakeMessagesAPI, web_fetch, web_search, web_search_citation  # noqa: E402
+from fake_messages_api import web_fetch, web_search, web_search_citation  # noqa: E402
+from test_anthropic_backend import api  # noqa: E402,F401  (the fake Messages API, the SDK pointed at it)
 
 from labrun import toollog  # noqa: E402
 from labrun.agents.anthropic import WEB_TOOLS, AnthropicModel  # noqa: E402
@@ -25,16 +26,6 @@ PAPER = "https://arxiv.org/abs/2201.11903"
 PAGE = "Chain-of-thought prompting elicits reasoning in large language models."
 TOOLS = [{"name": "complete_phase", "description": "End the phase.",
           "input_schema": {"type": "object", "properties": {"summary": {"type": "string"}}}}]
-
-
-@pytest.fixture
-def api(monkeypatch):
-    with FakeMessagesAPI() as server:
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.url)
-        monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
-        for name in ("ANTHROPIC_AUTH_TOKEN", "LABRUN_MODEL", "LABRUN_PRICES", "LABRUN_CONTEXT_MANAGEMENT"):
-            monkeypatch.delenv(name, raising=False)
-        yield server
 
 
 def without_cache_control(value):
