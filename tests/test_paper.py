@@ -236,3 +236,24 @@ def test_the_optional_phases_rules_are_in_their_prompts():
     planning = prompts.system_prompt("planning", {"title": "T", "hypothesis": "h"}, "general", "", order)
     assert planning.splitlines()[0] == "# Phase 2 of 8: planning"
     assert "session of eight" in planning
+
+
+@pytest.mark.parametrize("key", ["resources", "paper"])
+def test_the_optional_phases_have_general_guidance_and_domains_add_to_it(key):
+    from labrun import prompts
+    from labrun.phases import phase_list
+
+    domains = sorted(p.name for p in (prompts.TEMPLATES / "domains").iterdir() if p.is_dir())
+    general = prompts.layers(key, "general")
+    assert general.general == f"guidance/{key}.md.j2" and len(general.blocks) >= 2
+    with_domain = [d for d in domains if prompts.layers(key, d).domain_file]
+    assert {"mathematics", "machine_learning"} <= set(with_domain)
+    for domain in domains:  # every domain's prompt renders, its layers checked by `layers`
+        layout = prompts.layers(key, domain)
+        text = prompts.system_prompt(key, {"title": "T", "hypothesis": "h"}, domain, "",
+                                     phase_list([key]), {"web_tools": (), "paper_style": paper.load_style("plain"),
+                                                         "style_files": [paper.MAIN], "tex": None,
+                                                         "compile_command": paper.COMPILE, "main": paper.MAIN})
+        assert ("## Guidance for this domain" in text) == bool(layout.added), domain
+        for block in set(general.blocks) - set(layout.replaced):
+            assert prompts._render_block(prompts.env, general.general, block, {}) in text, (domain, block)
