@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from support import DEMO_IDEA, group_alive, start_labrun, wait_for
-from test_paper import NEEDS_TEX, no_tex  # noqa: F401  (a fixture)
+from test_paper import no_tex  # noqa: F401  (a fixture)
 from test_anthropic_session import cli, serve  # noqa: F401  (fixtures)
 
 from labrun import latex
@@ -94,52 +94,20 @@ def assert_paper_done(ws: Path, compiled: bool) -> None:
 # -- the scripted agent ---------------------------------------------------------------------
 
 
-def test_an_idea_asking_for_both_phases_runs_eight_and_a_fresh_run_skips_them(tmp_path, prefect_api, served_paper):
+def test_kill_9_in_each_new_phase_then_resume_and_a_fresh_run_skips_all_eight(tmp_path, prefect_api, served_paper):
+    """An idea asking for both phases (and the AMS style), its session killed in resources'
+    second turn, then in the paper's compile (its second turn when there is no TeX): each
+    resume redoes no finished phase and no completed turn, and leaves no process of the
+    killed engine behind; then a fresh flow run of the session (what a Retry from the UI or a
+    deployment re-run is) skips all eight."""
     from labrun.flows.session import research_session
 
+    ws = tmp_path / "ws"
     idea = idea_file(tmp_path, served_paper, with_phases=["resources", "paper"], paper_style="ams")
-    ws = tmp_path / "ws"
-    state = research_session(str(idea), str(ws), "scripted", return_state=True)
-    assert state.is_completed(), state.message
-    report = session_status(ws)
-    assert [p["key"] for p in report["phases"]] == EIGHT
-    assert runs(ws) == {k: 1 for k in EIGHT}
-    assert report["session"]["paper_style"] == "ams"
-    text = (ws / "STATE.md").read_text()
-    assert phase_table(text) == {k: "DONE" for k in EIGHT}
-    assert "Phase 1 of 8 — resources: DONE" in text and "Phase 8 of 8 — paper: DONE" in text
-    sections = list(parse_state_md(text))
-    assert sections.index("Literature and Resources") < sections.index("Research Specification")
-    assert sections[-1] == "Paper"
-    # The resources phase really fetched the idea's reference, and cites it.
-    assert (ws / "papers/source-1.pdf").read_bytes().startswith(b"%PDF")
-    assert served_paper in (ws / "literature_review.md").read_text()
-    assert "No source could be fetched" not in parse_state_md(text)["Literature and Resources"]
-    # Planning's prompt builds on what resources handed on; the paper cites it.
-    planning = Conversation.latest(ws / ".labrun/phases/planning").records[0]["text"]
-    assert "`literature_review.md` (phase 1)" in planning
-    assert "The literature, data and code gathered for this study" in planning
-    assert served_paper in (ws / "paper/references.bib").read_text()
-    assert "\\documentclass[11pt]{amsart}" in (ws / "paper/main.tex").read_text()
-    assert_paper_done(ws, compiled=latex.toolchain() is not None)
-
-    # A fresh flow run of the session (a Retry from the UI, a deployment re-run) skips all eight.
-    again = research_session(None, str(ws), return_state=True)
-    assert again.is_completed()
-    assert runs(ws) == {k: 1 for k in EIGHT}
-    assert (ws / "STATE.md").read_text().count("skipped (finished earlier)") == 8
-
-
-def test_kill_9_in_each_new_phase_then_resume(tmp_path, prefect_api, served_paper):
-    """`labrun run --with resources,paper`, killed in resources' second turn, then in the
-    paper's compile (or its second turn when there is no TeX): each resume redoes no
-    finished phase, no completed turn, and leaves no process of the killed engine behind."""
-    ws = tmp_path / "ws"
-    idea = idea_file(tmp_path, served_paper)
     tex = latex.toolchain() is not None
     paper_fault = "hang-attempt@paper:3" if tex else "hang@paper:2"
     env = {"LABRUN_SCRIPTED_FAULTS": f"hang@resources:2,{paper_fault}"}
-    start = ("run", str(idea), "--workspace", str(ws), "--agent", "scripted", "--with", "resources,paper")
+    start = ("run", str(idea), "--workspace", str(ws), "--agent", "scripted")
 
     proc = start_labrun(*start, env=env)
     wait_for((ws / ".labrun/faults/resources-2.reached").exists, what="resources turn 2")
@@ -177,6 +145,31 @@ def test_kill_9_in_each_new_phase_then_resume(tmp_path, prefect_api, served_pape
     assert "- Status: RUNNING" not in (ws / "STATE.md").read_text()
     assert_paper_done(ws, compiled=tex)
 
+    report = session_status(ws)
+    assert [p["key"] for p in report["phases"]] == EIGHT and report["session"]["paper_style"] == "ams"
+    text = (ws / "STATE.md").read_text()
+    assert phase_table(text) == {k: "DONE" for k in EIGHT}
+    assert "Phase 1 of 8 — resources: DONE" in text and "Phase 8 of 8 — paper: DONE" in text
+    sections = list(parse_state_md(text))
+    assert sections.index("Literature and Resources") < sections.index("Research Specification")
+    assert sections[-1] == "Paper"
+    # The resources phase really fetched the idea's reference, and cites it.
+    assert (ws / "papers/source-1.pdf").read_bytes().startswith(b"%PDF")
+    assert served_paper in (ws / "literature_review.md").read_text()
+    assert "No source could be fetched" not in parse_state_md(text)["Literature and Resources"]
+    # Planning's prompt builds on what resources handed on; the paper cites it.
+    planning = Conversation.latest(ws / ".labrun/phases/planning").records[0]["text"]
+    assert "`literature_review.md` (phase 1)" in planning
+    assert "The literature, data and code gathered for this study" in planning
+    assert served_paper in (ws / "paper/references.bib").read_text()
+    assert "\\documentclass[11pt]{amsart}" in (ws / "paper/main.tex").read_text()
+
+    skipped = text.count("skipped (finished earlier)")
+    again = research_session(None, str(ws), return_state=True)
+    assert again.is_completed()
+    assert runs(ws) == {**{k: 1 for k in EIGHT}, "resources": 2, "paper": 2}
+    assert (ws / "STATE.md").read_text().count("skipped (finished earlier)") - skipped == 8
+
 
 def test_without_tex_the_paper_phase_completes_with_its_source_uncompiled(tmp_path, prefect_api, no_tex):
     from labrun.flows.session import research_session
@@ -190,21 +183,6 @@ def test_without_tex_the_paper_phase_completes_with_its_source_uncompiled(tmp_pa
     assert "No TeX is installed here" in prompt
     for name in ("main.tex", "sections/results.tex", "references.bib"):
         assert (ws / "paper" / name).is_file(), name
-
-
-@NEEDS_TEX
-def test_with_tex_a_compile_error_is_a_failed_attempt_fixed_by_the_next(tmp_path, prefect_api):
-    from labrun.flows.session import research_session
-
-    ws = tmp_path / "ws"
-    state = research_session(str(DEMO_IDEA), str(ws), "scripted", with_phases=["paper"],
-                             paper_style="neurips", return_state=True)
-    assert state.is_completed(), state.message
-    assert_paper_done(ws, compiled=True)
-    assert (ws / "paper/labrun-neurips.sty").is_file()
-    assert (ws / "paper/main.pdf").read_bytes()[:5] == b"%PDF-"
-    failed, fixed = [a for a in session_status(ws)["attempts"] if a["phase"] == "paper"]
-    assert failed["error"].startswith("./sections/results.tex:")
 
 
 # -- the Anthropic backend, against the fake Messages API -----------------------------------
@@ -274,3 +252,38 @@ def test_web_phases_through_the_messages_api_resume_after_kills_and_bill_what_wa
     assert research_session(None, str(ws), return_state=True).is_completed()
     assert len(api.requests) == asked
     assert runs(ws) == {**{k: 1 for k in EIGHT}, "resources": 2, "paper": 2}
+
+
+# -- the deployment's parameters ------------------------------------------------------------
+
+
+def test_labrun_queue_with_gives_the_deployment_run_its_phases_and_style(tmp_path, prefect_api):
+    """`labrun queue --with ... --paper-style ...` against a real server: the session run it
+    creates carries `with_phases` and `paper_style` (tests/e2e runs such a run on a worker)."""
+    from prefect.client.orchestration import get_client
+
+    from labrun.flows.session import research_session
+    from support import labrun
+
+    with get_client(sync_client=True) as client:
+        flow_id = client.create_flow(research_session)
+        deployment_id = client.create_deployment(flow_id, "pipeline-params", entrypoint="flows/session.py:research_session")
+    try:
+        result = labrun("queue", str(DEMO_IDEA), "--with", "resources,paper", "--paper-style", "icml",
+                        "--workspaces", str(tmp_path / "workspaces"), "--deployment", "research-session/pipeline-params")
+        assert result.returncode == 0, result.stderr
+        with get_client(sync_client=True) as client:
+            (run,) = client.read_flow_runs(limit=1, deployment_filter=_deployment_filter(deployment_id))
+            assert run.parameters["with_phases"] == ["resources", "paper"]
+            assert run.parameters["paper_style"] == "icml"
+            assert run.parameters["workspace"].startswith(str(tmp_path / "workspaces"))
+            client.delete_flow_run(run.id)
+    finally:
+        with get_client(sync_client=True) as client:
+            client.delete_deployment(deployment_id)
+
+
+def _deployment_filter(deployment_id):
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    return DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id]))
