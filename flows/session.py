@@ -21,6 +21,7 @@ from labrun.agents import AgentUnavailable
 from labrun.artifacts import SessionArtifacts
 from labrun.model import UsageWindowSpent
 from labrun.session import Session
+from labrun.state import FlowRunRecord
 from labrun.windows import wait_out
 from labrun.phases.phase import manifest_digest, phase_version, run_phase
 
@@ -58,7 +59,11 @@ def research_session(
     session = Session.open(workspace, idea_path, agent, model, budget_usd, max_turns, with_phases or ())
     artifacts = SessionArtifacts.attach(session)  # STATE.md, attempts, progress, usage in the UI
     try:
+        _record_flow_run(session)
         return run_session(session)
+    except KeyboardInterrupt as e:  # labrun.interrupts.Interrupted names the signal
+        _record_interruption(session, str(e) or "Ctrl-C (SIGINT)")
+        raise
     finally:
         artifacts.close()
         session.close()
@@ -105,6 +110,28 @@ def run_session(session: Session) -> dict[str, Any]:
         upstream.append(manifest_digest(manifest))
     store.log("session complete")
     return {"session": session.state.session_id, "complete": True}
+
+
+def _record_flow_run(session: Session) -> None:
+    """So that `labrun status` can say how to retry a deployment's run."""
+    run = FlowRunContext.get().flow_run
+    session.state.last_run = FlowRunRecord(
+        id=str(run.id), name=run.name, deployment_id=str(run.deployment_id) if run.deployment_id else None)
+    session.store.save()
+
+
+def _record_interruption(session: Session, reason: str) -> None:
+    """In STATE.md, in plain words. Attempts still running are killed and marked as a resume
+    would mark them; the phase that was running is FAILED (its task Crashed)."""
+    session.reconcile_after_crash()
+    running = [(n, p) for n, p in enumerate(session.phases, 1) if session.state.phases[p.key].status == "IN PROGRESS"]
+    hint = f"resume with `labrun resume {session.ws.root}`"
+    if not running:
+        session.store.log(f"session interrupted by {reason}; {hint}")
+        return
+    number, phase = running[0]
+    session.store.set_phase(phase.key, "FAILED", f"phase {number} {phase.key} interrupted by {reason}; {hint}",
+                            f"interrupted by {reason}")
 
 
 def _exception(state: State) -> BaseException | None:

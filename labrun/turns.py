@@ -20,7 +20,6 @@ from labrun import prompts
 from labrun.crashpoints import crashpoint
 from labrun.journal import Conversation
 from labrun.model import Model, ModelReply, ModelRequest, TransientModelError, UsageWindowSpent
-from labrun.server import model_api_slot
 from labrun.tools import ToolBox, tool_specs
 from labrun.usage import Budget, Usage
 
@@ -59,8 +58,7 @@ def _is_transient(task, task_run, state) -> bool:
 def model_call(model: Model, request: ModelRequest, phase: str, turn: int) -> ModelReply:
     crashpoint("model-call")
     try:
-        with model_api_slot():  # a slot of the `labrun-model-api` limit in server mode
-            return model.complete(request)
+        return model.complete(request)
     except TransientModelError as e:
         if e.retry_after and e.retry_after > LONG_WAIT_S:
             # A reset hours away is a spent usage window: wait for it without holding retries.

@@ -266,5 +266,10 @@ def test_another_idea_in_a_used_workspace_is_refused(tmp_path, prefect_api):
     result = labrun("run", str(other), "--workspace", str(ws))
     assert result.returncode == 2
     assert "already holds a session of another idea" in result.stderr
+    # The same idea on its finished session: answered from the files, as `labrun resume` does.
     same = labrun("run", str(DEMO_IDEA), "--workspace", str(ws))
-    assert same.returncode == 0 and "resuming" in same.stdout
+    assert same.returncode == 0 and "nothing to do" in same.stdout
+    (ws / "REPORT.md").unlink()
+    again = labrun("run", str(DEMO_IDEA), "--workspace", str(ws))
+    assert again.returncode == 0 and "resuming" in again.stdout, again.stderr
+    assert (ws / "REPORT.md").is_file()

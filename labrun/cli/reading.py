@@ -1,0 +1,81 @@
+"""The commands that only read: `check`, `status`, `state`. None imports Prefect."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from rich.table import Table
+
+from labrun.cli import CliError, console, err
+
+
+def cmd_check(args) -> int:
+    from labrun.idea import IdeaError, load_idea
+    from labrun.prompts import guidance_domain
+
+    try:
+        idea = load_idea(args.idea)
+    except IdeaError as e:
+        for problem in e.problems:
+            err.print(problem)
+        return 2
+    for warning in idea.warnings:
+        err.print(f"[yellow]warning:[/yellow] {args.idea}: {warning}")
+    budget = f"${idea.budget_usd:g}" if idea.budget_usd is not None else "none"
+    console.print(f"{args.idea}: valid · {idea.title} · domain {idea.domain} "
+                  f"(guidance: {guidance_domain(idea.guidance_domain)}) · budget {budget}")
+    return 0
+
+
+def cmd_state(args) -> int:
+    path = session_dir(args.workspace) / "STATE.md"
+    sys.stdout.write(path.read_text())
+    return 0
+
+
+def cmd_status(args) -> int:
+    from labrun.status import session_status
+
+    report = session_status(session_dir(args.workspace))
+    for note in report["notes"]:
+        err.print(f"[yellow]note:[/yellow] {note}")
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print_status(report)
+    return 0
+
+
+def print_status(report: dict) -> None:
+    s = report["session"]
+    console.print(f"[bold]{report['idea']['title']}[/bold]  ({s['workspace']})")
+    console.print(f"agent {s['agent']}" + (f" · model {s['model']}" if s["model"] else "")
+                  + f" · {'complete' if s['complete'] else 'not complete'}")
+    phases = Table("#", "phase", "status", "runs", "tokens", "cost")
+    for i, p in enumerate(report["phases"], 1):
+        u = p["usage"]
+        tokens = sum(u[k] for k in u if k.endswith("tokens"))
+        phases.add_row(str(i), p["key"], p["status"], str(p["runs"]), f"{tokens:,}", f"${u['cost_usd']:.4f}")
+    console.print(phases)
+    if report["attempts"]:
+        attempts = Table("attempt", "phase", "status", "command", "error / fix")
+        for a in report["attempts"]:
+            note = a["error"] or (f"fix: {a['fix_applied']}" if a["fix_applied"] else "")
+            attempts.add_row(str(a["n"]), a["phase"], a["status"], a["command"], note)
+        console.print(attempts)
+    u = report["usage"]
+    console.print(f"usage: {u['input_tokens']:,} in · {u['output_tokens']:,} out · "
+                  f"{u['cache_read_input_tokens']:,} cache read · {u['cache_creation_input_tokens']:,} "
+                  f"cache write · ${u['cost_usd']:.4f}")
+    console.print(f"next: {s['next_action']}")
+
+
+def session_dir(workspace: str) -> Path:
+    root = Path(workspace)
+    if root.exists() and not root.is_dir():
+        raise CliError(f"{workspace}: is a file, not a session's folder")
+    if not (root / ".labrun" / "state.json").is_file():
+        raise CliError(f"{workspace}: no labrun session here (start one with `labrun run IDEA.yaml --workspace {workspace}`)")
+    return root
