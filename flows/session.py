@@ -14,6 +14,7 @@ from typing import Any
 
 from prefect import flow
 from prefect.context import FlowRunContext, TaskRunContext
+from prefect.exceptions import TerminationSignal
 from prefect.logging.handlers import APILogHandler
 from prefect.states import State
 
@@ -63,6 +64,9 @@ def research_session(
         return run_session(session)
     except KeyboardInterrupt as e:  # labrun.interrupts.Interrupted names the signal
         _record_interruption(session, str(e) or "Ctrl-C (SIGINT)")
+        raise
+    except TerminationSignal:  # Prefect's own SIGTERM handler during a flow run
+        _record_interruption(session, "SIGTERM")
         raise
     finally:
         artifacts.close()
