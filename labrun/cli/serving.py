@@ -15,7 +15,7 @@ from labrun.serving import DEFAULT_HOST, DEFAULT_PORT, POOL, QUEUE_DEPLOYMENT, S
 def cmd_server(args) -> int:
     from labrun.serving import processes
     from labrun.serving.api import prefect_home, server_record
-    from labrun.serving.deploy import deploy, deployment_root
+    from labrun.serving.deploy import deploy, deployment_file
     from labrun.serving.prepare import prepare
 
     host, port = args.host, args.port
@@ -28,6 +28,7 @@ def cmd_server(args) -> int:
     server = worker = None
     record = server_record()
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored
     try:
         console.print(f"starting the Prefect server on {host}:{port} (log: {server_log})")
         server = processes.start_server(host, port, env, server_log)
@@ -37,7 +38,7 @@ def cmd_server(args) -> int:
         with temporary_settings({PREFECT_API_URL: api_url}):
             for line in prepare(args.sessions, args.model_api_slots, args.crash_after):
                 console.print(f"  {line}")
-        console.print(f"deploying {deployment_root() / 'prefect.yaml'}")
+        console.print(f"deploying {deployment_file()}")
         deploy(env)
         console.print(f"  {SESSION_DEPLOYMENT} and {QUEUE_DEPLOYMENT} on pool {POOL}")
         if not args.no_worker:

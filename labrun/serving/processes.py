@@ -138,7 +138,7 @@ def alive(proc: psutil.Process) -> bool:
         return False
 
 
-def stop(proc: subprocess.Popen | None, grace_s: float = 15, first: int = signal.SIGINT) -> None:
+def stop(proc: subprocess.Popen | None, grace_s: float = 15, first: int = signal.SIGTERM) -> None:
     """`first` to the process group, SIGKILL to what is left of it after `grace_s`; then
     the processes it started in sessions of their own (a worker's flow runs), the same way."""
     if proc is None:

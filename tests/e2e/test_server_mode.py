@@ -47,7 +47,7 @@ def test_deployments_from_prefect_yaml(prefect_server, deployed):
         automations = c.read_automations_by_name(serving.ZOMBIE_AUTOMATION)
     assert pool.type == "process"
     assert session.work_pool_name == "labrun" and session.work_queue_name == "sessions"
-    assert session.entrypoint == "flows/session.py:research_session"
+    assert session.entrypoint == "labrun.flows.session.research_session"
     assert {"idea_path", "workspace", "agent", "model"} <= set(session.parameter_openapi_schema["properties"])
     # no network in the pull step: the worker runs the flows from this clone
     assert session.pull_steps == [
