@@ -15,6 +15,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 DEMO_IDEA = EXAMPLES / "demo_noise_averaging.yaml"
+SHARED = Path(os.environ.get("LABRUN_SHARED") or REPO.parent / "shared")
+NEURICO_IDEAS = SHARED / "neurico-ideas"
+"""NeuriCo's real idea files: a development checkout and CI have them beside the clone."""
+
+
+def needs_shared():
+    import pytest
+
+    return pytest.mark.skipif(not NEURICO_IDEAS.is_dir(), reason=(
+        f"needs NeuriCo's idea files in {NEURICO_IDEAS} (the shared folder beside the clone, as in "
+        "CI; or set LABRUN_SHARED to that folder)"))
 
 
 def labrun(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:

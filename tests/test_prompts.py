@@ -10,6 +10,7 @@ from types import SimpleNamespace as NS
 import pytest
 import yaml
 
+from support import NEURICO_IDEAS, needs_shared
 from labrun import prompts
 from labrun.phases import BY_KEY, PHASES, Files, SuccessfulAttempt
 
@@ -19,7 +20,7 @@ KEYS = [p.key for p in PHASES]
 def files_of(phase) -> list[str]:
     return [f for r in phase.done_when if isinstance(r, Files) for f in r.paths]
 TEMPLATES = Path(prompts.__file__).resolve().parents[1] / "templates"
-IDEAS = Path(__file__).resolve().parents[2] / "shared" / "neurico-ideas"
+IDEAS = NEURICO_IDEAS
 IDEA_FILES = [
     "ai_agent_tool_use.yaml",
     "math_example.yaml",
@@ -127,6 +128,7 @@ def test_every_phase_has_distinctive_instructions():
 
 # -- the system prompt ----------------------------------------------------------------------
 
+@needs_shared()
 @pytest.mark.parametrize("idea_file", IDEA_FILES)
 @pytest.mark.parametrize("key", KEYS)
 def test_system_prompt_holds_its_phase_only(key, idea_file):
@@ -199,6 +201,10 @@ def test_idea_rendering():
     assert "Keep it small." in prompt
     wrapped = prompts.system_prompt("planning", {"idea": NEUTRAL_IDEA}, "general", "")
     assert wrapped == prompt
+
+
+@needs_shared()
+def test_neurico_idea_rendering():
     cot = prompts.system_prompt("planning", load_idea("ai_chain_of_thought_evaluation.yaml"),
                                 "artificial_intelligence", "")
     assert "Budget: $50 (USD)" in cot
@@ -239,6 +245,7 @@ def test_every_domain_has_short_guidance_for_every_phase():
             assert 3 <= len(path.read_text().strip().splitlines()) <= 15, path
 
 
+@needs_shared()
 def test_mathematics_is_proof_oriented():
     prompt = prompts.system_prompt("experiments", load_idea("math_example.yaml"),
                                    "mathematics", "")
