@@ -67,8 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as e:  # a damaged session file: say which, never a traceback
         from labrun.journal import JournalCorrupt
+        from labrun.state import StateDamaged
 
-        if isinstance(e, JournalCorrupt):
+        if isinstance(e, (JournalCorrupt, StateDamaged)):
             err.print(f"[red]labrun:[/red] {e}")
             return 2
         if type(e).__name__ == "ValidationError" or isinstance(e, (ValueError, OSError)):
