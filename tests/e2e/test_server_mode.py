@@ -79,6 +79,8 @@ def test_three_sessions_at_once_and_a_retry_from_the_ui(prefect_server, three_se
     assert [p[k]["status"] for k in FIRST_THREE] == ["DONE"] * 3
     assert p["experiments"]["status"] == "FAILED"
     assert [(a["n"], a["status"]) for a in before["attempts"]] == [(1, "FAILED")]
+    assert f"`prefect flow-run retry {failed_id}`" in before["session"]["next_action"]
+    assert "Retry button" in before["session"]["next_action"]
 
     # Retry, as the Retry button of the run's page (V1 UI) does it: the same flow run goes
     # to AwaitingRetry, unforced. (The crash test below retries as the V2 UI does.)
@@ -318,3 +320,67 @@ def test_labrun_server_command(tmp_path):
     assert code == 0, (tmp_path / "labrun-server.log").read_text()
     assert not processes.healthy(api_url)
     assert not [p for p in children if processes.alive(p)], "a process outlived `labrun server`"
+
+
+def _labrun_server(tmp_path, port: int, env: dict, log_name: str, *extra: str):
+    import subprocess
+    import sys
+
+    log = tmp_path / log_name
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "labrun.cli", "server", "--port", str(port),
+                                 "--crash-after", str(CRASH_AFTER_S), *extra], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 240
+    while "labrun server ready" not in log.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.5)
+    return proc
+
+
+def test_a_run_in_flight_when_labrun_server_stops_is_crashed_after_its_restart(tmp_path):
+    """Ctrl-C to `labrun server` while a session runs; once the server is started again the
+    run becomes Crashed within 2 minutes (the heartbeat automation), and Retry finishes it
+    from where it stopped."""
+    import signal
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from labrun.idea import load_idea
+
+    port = processes.free_port()
+    api_url = f"http://127.0.0.1:{port}/api"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "LABRUN_SCRIPTED"))}
+    env.update({"PREFECT_HOME": str(tmp_path / "home"), "PREFECT_WORKER_QUERY_SECONDS": "1"})
+    idea = idea_copy(tmp_path / "ideas", "in_flight.yaml")
+    ws = submit.workspace_for(idea, load_idea(idea).content_hash, tmp_path / "ws")
+    server = _labrun_server(tmp_path, port, env, "server-1.log")
+    try:
+        with temporary_settings({PREFECT_API_URL: api_url}):
+            run_id = submit.submit_session(idea, ws, job_variables={"env": {
+                "LABRUN_SCRIPTED_FAULTS": "hang@experiments:3"}}).id
+            deadline = time.monotonic() + 180
+            while not (ws / ".labrun/faults/experiments-3.reached").exists():
+                assert time.monotonic() < deadline, "the session never reached experiments turn 3"
+                time.sleep(0.5)
+    finally:
+        os.killpg(server.pid, signal.SIGINT)  # Ctrl-C in its terminal
+        assert server.wait(60) == 0
+    assert not processes.healthy(api_url)
+
+    server = _labrun_server(tmp_path, port, env, "server-2.log")
+    try:
+        restarted = time.monotonic()
+        with temporary_settings({PREFECT_API_URL: api_url}):
+            crashed = wait_for([run_id], states={"CRASHED", "CANCELLED", "FAILED"}, timeout_s=120)[str(run_id)]
+            assert time.monotonic() - restarted < 120
+            assert crashed.state.type.value == "CRASHED", crashed.state
+            assert "retry" in status_json(ws, {**env, "PREFECT_API_URL": api_url})["session"]["next_action"]
+            assert submit.retry_like_the_ui(run_id, ui="v1").status.value == "ACCEPT"
+            assert wait_for([run_id], timeout_s=180)[str(run_id)].state.type.value == "COMPLETED"
+        status = status_json(ws, env)
+        assert {p["key"]: p["runs"] for p in status["phases"]}["implementation"] == 1
+        assert [(a["n"], a["status"]) for a in status["attempts"]] == [(1, "FAILED"), (2, "SUCCESS")]
+    finally:
+        os.killpg(server.pid, signal.SIGINT)
+        assert server.wait(60) == 0
