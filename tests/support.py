@@ -71,3 +71,23 @@ def group_alive(pgid: int) -> bool:
         if int(fields[2]) == pgid and fields[0] != "Z":
             return True
     return False
+
+
+def tmpfs(mount: Path, options: str):
+    """A real tmpfs mounted at `mount` for one test (mounting needs root: skips without)."""
+    import contextlib
+
+    import pytest
+
+    @contextlib.contextmanager
+    def mounted():
+        mount.mkdir(exist_ok=True)
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs ({options}) here (it needs root): {done.stderr.strip()}")
+        try:
+            yield mount
+        finally:
+            subprocess.run(["umount", "--lazy", str(mount)], check=True)
+    return mounted()

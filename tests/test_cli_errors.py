@@ -5,11 +5,10 @@ default; and a run that prints nothing of Prefect's own."""
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
-from support import DEMO_IDEA, labrun
+from support import DEMO_IDEA, labrun, tmpfs
 from labrun.flows.session import research_session
 from labrun.status import session_status
 
@@ -34,14 +33,8 @@ def test_a_workspace_that_is_a_file_is_refused_in_one_line(tmp_path):
 @pytest.fixture
 def read_only_folder(tmp_path):
     """A read-only filesystem (root may write any folder whatever its mode bits)."""
-    mount = tmp_path / "ro"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a read-only tmpfs here (it needs root): {done.stderr.strip()}")
-    yield mount
-    subprocess.run(["umount", "--lazy", str(mount)], check=True)
+    with tmpfs(tmp_path / "ro", "ro,size=1m") as mount:
+        yield mount
 
 
 def test_a_read_only_workspace_is_refused_before_anything_starts(read_only_folder):
