@@ -41,7 +41,10 @@ PREFECT_DEFAULT = (
 
 def base_env(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "LABRUN_"))}
-    env.update({"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
+    env.update({"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                # Prefect's default waits 20 s for its ephemeral server: too short for a first
+                # start (the database migration) on a busy 2-core machine
+                "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300"})
     return env
 
 
@@ -51,12 +54,18 @@ def to_first_phase(cmd: list[str], env: dict[str, str]) -> float:
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
+        seen = []
         for line in proc.stderr:
             if FIRST_PHASE in line:
                 return time.monotonic() - started
-        raise RuntimeError(f"{' '.join(cmd)} ended (code {proc.wait()}) before its first phase")
+            seen.append(line)
+        raise RuntimeError(f"{' '.join(cmd)} ended (code {proc.wait()}) before its first phase:\n"
+                           + "".join(seen[-20:]))
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            os.killpg(proc.pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
         try:
             proc.wait(60)
         except subprocess.TimeoutExpired:
