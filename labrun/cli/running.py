@@ -171,7 +171,7 @@ def run_session(run: Run) -> int:
     from labrun.serving import ServerError
     from labrun.serving.api import RunApi
 
-    _configure_logging(run.verbose)
+    _configure_logging()
     _check_agent(run)
     log = logging.getLogger("labrun")
     api = None
@@ -260,7 +260,7 @@ class _Progress(logging.Handler):
         err.print(f"[{colour}]{stamp}[/{colour}] {escape(record.getMessage())}")
 
 
-def _configure_logging(verbose: bool) -> None:
+def _configure_logging() -> None:
     log = logging.getLogger("labrun")
     if not any(isinstance(h, _Progress) for h in log.handlers):
         log.addHandler(_Progress())
