@@ -62,8 +62,13 @@ def zombie_automation(crash_after_s: int = DEFAULT_CRASH_AFTER_S):
     from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
     from prefect.events.schemas.events import ResourceSpecification
 
+    from labrun.windows import SCHEDULED_NAME
+
+    # State events are named after the state's name: a run parked for a usage window
+    # ("AwaitingUsageWindow") or started again (Pending, Running) is alive, not silent.
     states = ("Completed", "Failed", "Cancelled", "Crashed", "Cancelling", "TimedOut",
-              "Paused", "Suspended", "Scheduled", "AwaitingRetry", "Late")
+              "Paused", "Suspended", "Scheduled", "AwaitingRetry", "Late", SCHEDULED_NAME,
+              "Pending", "Running")
     return AutomationCore(
         name=ZOMBIE_AUTOMATION,
         description="A flow run that stops sending heartbeats (its worker or machine died) "
