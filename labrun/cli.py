@@ -84,6 +84,7 @@ def parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="phases, attempts, tokens and cost")
     status.add_argument("workspace")
     status.add_argument("--json", action="store_true")
+    status.add_argument("--branch", type=int, default=None, metavar="N", help="one branch (`labrun branches`)")
     status.set_defaults(handler=cmd_status)
 
     state = sub.add_parser("state", help="print STATE.md")
@@ -99,8 +100,10 @@ def parser() -> argparse.ArgumentParser:
     demo.set_defaults(handler=cmd_demo)
 
     from labrun.server import add_parsers as add_server_commands  # `server`, `queue`
+    from labrun.branch_cli import add_parsers as add_branch_commands  # `rerun`, `branches`, `diff`
 
     add_server_commands(sub)
+    add_branch_commands(sub)
     return p
 
 
@@ -147,9 +150,14 @@ def cmd_state(args) -> int:
 
 
 def cmd_status(args) -> int:
+    from labrun.branches import BranchError, branch_status
     from labrun.status import session_status
 
-    report = session_status(_session_dir(args.workspace))
+    root = _session_dir(args.workspace)
+    try:
+        report = session_status(root) if args.branch is None else branch_status(root, args.branch)
+    except BranchError as e:
+        raise CliError(str(e)) from None
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -160,8 +168,10 @@ def cmd_status(args) -> int:
 def print_status(report: dict) -> None:
     s = report["session"]
     console.print(f"[bold]{report['idea']['title']}[/bold]  ({s['workspace']})")
+    branch = next((b for b in report.get("branches", []) if b["n"] == s.get("branch")), None)
     console.print(f"agent {s['agent']}" + (f" · model {s['model']}" if s["model"] else "")
-                  + f" · {'complete' if s['complete'] else 'not complete'}")
+                  + f" · {'complete' if s['complete'] else 'not complete'}"
+                  + (_branch_line(branch) if branch and len(report["branches"]) > 1 else ""))
     phases = Table("#", "phase", "status", "runs", "tokens", "cost")
     for i, p in enumerate(report["phases"], 1):
         u = p["usage"]
@@ -179,6 +189,11 @@ def print_status(report: dict) -> None:
                   f"{u['cache_read_input_tokens']:,} cache read · {u['cache_creation_input_tokens']:,} "
                   f"cache write · ${u['cost_usd']:.4f}")
     console.print(f"next: {s['next_action']}")
+
+
+def _branch_line(b: dict) -> str:
+    where = "the current branch" if b["current"] else f"kept in {b['archive']}"
+    return f" · branch {b['n']} (from {b['from_phase']}; {where})"
 
 
 def _session_dir(workspace: str) -> Path:
@@ -251,12 +266,14 @@ def cmd_demo(args) -> int:
     return code
 
 
-def _run_flow(idea_path, workspace, agent, model, budget_usd, max_turns, with_phases=()) -> int:
+def _run_flow(idea_path, workspace, agent, model, budget_usd, max_turns, with_phases=(),
+              from_phase=None, note=None) -> int:
     _configure_logging()
     # Prefect's first ephemeral start migrates a new database: on a small machine that takes
     # longer than Prefect's default 20 s wait.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     from labrun.agents import AgentUnavailable
+    from labrun.branches import BranchError
     from labrun.session import SessionMismatch
     from labrun.workspace import WorkspaceBusy
 
@@ -281,8 +298,8 @@ def _run_flow(idea_path, workspace, agent, model, budget_usd, max_turns, with_ph
     _quiet_prefect_console()
     try:
         research_session(idea_path, str(Path(workspace).resolve()), agent, model, budget_usd, max_turns,
-                         list(with_phases))
-    except (WorkspaceBusy, AgentUnavailable, SessionMismatch) as e:
+                         list(with_phases), from_phase=from_phase, note=note)
+    except (WorkspaceBusy, AgentUnavailable, SessionMismatch, BranchError) as e:
         raise CliError(str(e)) from None
     except Exception as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
