@@ -78,11 +78,13 @@ def cmd_branches(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    table = Table("branch", "from", "agent · model", "started", "ended", "cost", "note")
+    table = Table("branch", "from", "agent · model", "started (UTC)", "cost", "note",
+                  caption="* the current branch; `labrun status DIR --branch N` shows one")
+    table.columns[3].no_wrap = True
     for b in rows:
-        table.add_row(f"{b['n']}{' (current)' if b['current'] else ''}", b["from_phase"],
-                      b["agent"] + (f" · {b['model']}" if b["model"] else ""), b["started_at"],
-                      b["ended_at"] or "", f"${b['usage']['cost_usd']:.4f}", b["note"])
+        table.add_row(f"{b['n']}{' *' if b['current'] else ''}", b["from_phase"],
+                      b["agent"] + (f" · {b['model']}" if b["model"] else ""),
+                      b["started_at"].removesuffix(" UTC")[:16], f"${b['usage']['cost_usd']:.4f}", b["note"])
     console.print(table)
     return 0
 

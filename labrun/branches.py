@@ -66,21 +66,22 @@ def all_branches(state: SessionState) -> list[Branch]:
 
 def rerun(session: Session, from_phase: str, agent: str | None, model: str | None, note: str,
           flow_run: str | None) -> None:
-    """Start a branch at `from_phase`, or continue the one this request already started: a
-    retry of the flow run that started it, or the same request again while that branch is
-    unfinished (a deployment run again with the same parameters)."""
+    """Start a branch at `from_phase`, unless this request already started one: a retry of
+    the flow run that started it, or the same request again (the same phase, agent, model
+    and note as the current branch: a deployment run again with the same parameters)
+    continues the current branch, finished or not. Another note starts another branch."""
     finish_rerun(session)
     state, root = session.state, session.ws.root
     note = " ".join(note.split())
+    current = state.branches[-1] if state.branches else None
     if flow_run and any(b.flow_run == flow_run for b in state.branches):
         session.store.log(f"flow run {flow_run} continues branch {state.branch}, which it started")
         return
     check_rerun(state, from_phase, root)
-    current = state.branches[-1] if state.branches else None
-    if (current and not state.complete and current.from_phase == from_phase
-            and agent in (None, current.agent) and model in (None, current.model)
-            and note in ("", current.note)):
-        session.store.log(f"branch {current.n} (from {from_phase}) is unfinished: continuing it")
+    if (current and current.from_phase == from_phase and agent in (None, current.agent)
+            and model in (None, current.model) and note == current.note):
+        session.store.log(f"branch {current.n} is this same request (from {from_phase}): continuing "
+                          "it; give another note to start a new branch")
         return
     reason = not_finished(state, from_phase, root)
     if reason:
@@ -145,7 +146,7 @@ def archive(session: Session, branch: Branch) -> None:
         _link(ws.root / f, tmp / "files" / f)
     for f in sorted((set(edited) | key_outputs(state)) - set(created)):
         if (ws.root / f).is_file():
-            shutil.copy2(ws.root / f, tmp / "files" / f)  # stays in the workspace: a copy
+            _link(ws.root / f, tmp / "files" / f, copy=True)  # stays in the workspace
     moved = Usage()
     for key in replaced:
         for path in sorted(ws.phase_dir(key).rglob("*")):
@@ -169,6 +170,11 @@ def archive(session: Session, branch: Branch) -> None:
     os.replace(tmp, final)
     _fsync_dir(final.parent)
     crashpoint("branch-archived")
+
+
+def rerun_pending(ws: Workspace, state: SessionState) -> bool:
+    """A rerun that a crash cut short after its archive was made: the flow finishes it."""
+    return archived(ws, state.branch) is not None or bool(state.branches and not state.branches[-1].cleaned)
 
 
 def finish_rerun(session: Session) -> None:
@@ -244,13 +250,16 @@ def key_outputs(state: SessionState) -> set[str]:
     return handed | {a.metrics_file for a in state.attempts if a.status == "SUCCESS" and a.metrics_file}
 
 
-def _link(src: Path, dst: Path) -> None:
-    """A hard link for a file that is about to leave the workspace (no copy of a big file)."""
+def _link(src: Path, dst: Path, copy: bool = False) -> None:
+    """A hard link for a file that leaves the workspace (no copy of a big file); a copy
+    (`copy`) of one that stays, since the next branch may rewrite it in place."""
     dst.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
+    if not copy:
+        try:
+            return os.link(src, dst)
+        except OSError:
+            pass
+    shutil.copy2(src, dst)
 
 
 def _fsync_dir(path: Path) -> None:

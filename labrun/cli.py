@@ -336,4 +336,8 @@ def _configure_logging() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m labrun.cli`: run the imported module, so that commands defined elsewhere
+    # raise the same CliError that main catches (not a copy of it in __main__).
+    from labrun.cli import main as imported_main
+
+    sys.exit(imported_main())

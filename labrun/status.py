@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from labrun.branches import summaries
+from labrun.branches import rerun_pending, summaries
 from labrun.journal import phase_usage
 from labrun.session import changed_outputs
 from labrun.state import SessionState
@@ -58,7 +58,7 @@ def finished_and_intact(root: Path) -> bool:
     """Complete, and no finished phase's outputs changed since: a resume has nothing to do."""
     ws = Workspace(root)
     state = load_state(ws)
-    if not state.complete:
+    if not state.complete or rerun_pending(ws, state):
         return False
     for key in state.phases:
         manifest_file = ws.phase_dir(key) / "manifest.json"
