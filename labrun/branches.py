@@ -57,8 +57,12 @@ def archived(ws: Workspace, n: int) -> dict[str, Any] | None:
 
 def all_branches(state: SessionState) -> list[Branch]:
     """Every branch; a session that never reran has one, implied by its state."""
-    return state.branches or [Branch(n=1, from_phase=next(iter(state.phases)), agent=state.agent,
-                                     model=state.model, started_at=state.created_at)]
+    return state.branches or [first_branch(state, state.agent, state.model)]
+
+
+def first_branch(state: SessionState, agent: str, model: str | None) -> Branch:
+    return Branch(n=1, from_phase=next(iter(state.phases)), agent=agent, model=model,
+                  started_at=state.created_at)
 
 
 # -- starting a branch ----------------------------------------------------------------------
@@ -195,9 +199,7 @@ def _record(session: Session, record: dict[str, Any]) -> None:
     ws, state, store = session.ws, session.state, session.store
     with store._lock:
         if not state.branches:
-            state.branches.append(Branch(n=1, from_phase=next(iter(state.phases)),
-                                         agent=record["agent"], model=record["model"],
-                                         started_at=state.created_at))
+            state.branches.append(first_branch(state, record["agent"], record["model"]))
         spent = total_usage(ws, state)
         old = state.branches[-1]
         old.ended_at = now()
