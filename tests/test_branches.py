@@ -60,14 +60,21 @@ def billed_phases(ws: Path) -> list[str]:
 
 
 def task_state_names(flow_state) -> dict[str, str]:
-    """Phase key → the name of its task run's final state in this flow run ("Cached", ...)."""
+    """Phase key → the name of its task run's final state in this flow run ("Cached", ...).
+    Task run states reach the server as events, a moment after the flow run ends: wait."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(
-            id=FlowRunFilterId(any_=[flow_state.state_details.flow_run_id])))
-    return {t.name.split("-", 1)[1]: t.state.name for t in runs if t.name[0].isdigit() and "-" in t.name}
+    def read() -> dict[str, str]:
+        with get_client(sync_client=True) as client:
+            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(
+                id=FlowRunFilterId(any_=[flow_state.state_details.flow_run_id])))
+        return {t.name.split("-", 1)[1]: t.state.name if t.state and t.state.is_final() else ""
+                for t in runs if t.name[0].isdigit() and "-" in t.name}
+
+    wait_for(lambda: len(found := read()) == 6 and all(found.values()), timeout=30,
+             what="the phase task runs' final states")
+    return read()
 
 
 def one_line_error(result, *needles: str) -> None:
