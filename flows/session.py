@@ -20,6 +20,7 @@ from prefect.states import State
 
 from labrun.agents import AgentUnavailable
 from labrun.artifacts import SessionArtifacts
+from labrun.branches import finish_rerun, rerun
 from labrun.model import UsageWindowSpent
 from labrun.session import Session
 from labrun.state import FlowRunRecord
@@ -54,10 +55,26 @@ def research_session(
     budget_usd: float | None = None,
     max_turns: int | None = None,
     with_phases: list[str] | None = None,
+    from_phase: str | None = None,
+    note: str | None = None,
 ) -> dict[str, Any]:
     """`with_phases`: optional phases a new session runs too (e.g. ["resources", "paper"]);
-    a session keeps the phases it started with."""
-    session = Session.open(workspace, idea_path, agent, model, budget_usd, max_turns, with_phases or ())
+    a session keeps the phases it started with.
+
+    `from_phase`: start a new branch of a session at this finished phase (`labrun rerun`):
+    the phases before it are reused, it and the later ones run again with `agent` and `model`;
+    `note` says why. A retry of this run continues the branch it started."""
+    rerunning = bool(from_phase)  # the branch gets agent and model; the earlier one keeps its own
+    session = Session.open(workspace, idea_path, None if rerunning else agent, None if rerunning else model,
+                           budget_usd, max_turns, with_phases or ())
+    try:
+        if rerunning:
+            rerun(session, from_phase, agent, model, note or "", _flow_run_id())
+        else:
+            finish_rerun(session)  # a rerun cut short by a crash
+    except BaseException:
+        session.close()
+        raise
     artifacts = SessionArtifacts.attach(session)  # STATE.md, attempts, progress, usage in the UI
     try:
         _record_flow_run(session)
@@ -78,6 +95,7 @@ def run_session(session: Session) -> dict[str, Any]:
     store.log(f"session run started (agent {session.state.agent})")
     upstream: list[str] = []
     refresh = False
+    kept = session.state.branches[-1].kept if session.state.branches else {}
     for number, phase in enumerate(session.phases, 1):
         changed = session.stale_outputs(phase.key)
         if changed:
@@ -92,6 +110,8 @@ def run_session(session: Session) -> dict[str, Any]:
             version=phase_version(session, phase.key),
             upstream="-".join(upstream) or "none",
             rerun=refresh,
+            branch=session.state.branch,
+            kept=kept.get(phase.key),
         )
         state: State = task(**params, return_state=True)
         while isinstance(spent := _exception(state), UsageWindowSpent):
@@ -136,6 +156,11 @@ def _record_interruption(session: Session, reason: str) -> None:
     number, phase = running[0]
     session.store.set_phase(phase.key, "FAILED", f"phase {number} {phase.key} interrupted by {reason}; {hint}",
                             f"interrupted by {reason}")
+
+
+def _flow_run_id() -> str | None:
+    ctx = FlowRunContext.get()
+    return str(ctx.flow_run.id) if ctx and ctx.flow_run else None
 
 
 def _exception(state: State) -> BaseException | None:

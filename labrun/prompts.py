@@ -2,17 +2,27 @@
 
 No prompt text lives in code. A phase's system prompt is `phases/<key>.md.j2` in the
 phase's template folder (`Phase.templates`; labrun's own `templates/` for its phases), which
-extends the layout `templates/system.md.j2` (first line, shared preamble, the phase's own
-instructions, the domain's guidance for that phase, the idea, the STATE.md digest). Domain
-guidance is `domains/<domain>/<key>.md.j2`; a domain without a folder, or a folder without a
-file for the phase, falls back to `domains/general/`. A phase's number and the count of
-phases come from the session's own phase list (`order`).
+extends the layout `templates/system.md.j2`: the first line, the shared preamble, the
+phase's own instructions and completion rule, then its guidance in two layers, then the idea
+and the STATE.md digest. A phase's number and the count of phases come from the session's
+own phase list (`order`).
+
+The guidance layers, each looked up in the phase's template folder, then labrun's own:
+
+1. general: `guidance/<key>.md.j2`, one named block per topic, shown in file order;
+2. the domain's: `domains/<domain>/<key>.md.j2`, whose blocks are shown after the general
+   ones. A block named `replace_<name>` takes the place of the general block `<name>`
+   instead (an explicit override); a domain block may not reuse a general block's name, so
+   no general block is ever dropped without saying so. A domain without a folder, or a
+   folder without a file for the phase, adds nothing; a phase without a general file has
+   no general layer.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -23,6 +33,7 @@ from labrun import resources
 from labrun.resources import TEMPLATES
 
 FALLBACK_DOMAIN = "general"
+REPLACE = "replace_"
 _DOMAIN_NAME = re.compile(r"^[a-z0-9][a-z0-9_\-]*$")
 
 
@@ -100,14 +111,59 @@ def guidance_domain(domain: str | None) -> str:
     return FALLBACK_DOMAIN
 
 
-def _domain_template(phase_key: str, domain: str | None) -> str | None:
-    """The domain's guidance for the phase, else the general guidance, else None."""
-    env = _env_for(_phase(phase_key).templates)
-    for name in (guidance_domain(domain), FALLBACK_DOMAIN):
-        candidate = f"domains/{name}/{phase_key}.md.j2"
-        if _exists(env, candidate):
-            return candidate
-    return None
+@dataclass(frozen=True)
+class Layers:
+    """The templates that shape one phase's prompt, in the order the prompt shows them."""
+
+    phase: str
+    domain: str
+    """The domain whose additions are used ("general": none)."""
+    instructions: str
+    general: str | None
+    """The general guidance for this phase, if it has any."""
+    blocks: tuple[str, ...]
+    """The general guidance's blocks, in order."""
+    domain_file: str | None
+    """The domain's template for this phase, if it has one."""
+    added: tuple[str, ...] = ()
+    """Domain blocks shown after the general guidance."""
+    replaced: tuple[str, ...] = ()
+    """General blocks that the domain replaces with its `replace_<name>` blocks."""
+
+    @property
+    def files(self) -> list[str]:
+        return [f for f in (self.instructions, self.general, self.domain_file) if f]
+
+
+def layers(phase_key: str, domain: str | None) -> Layers:
+    """The layers of phase `phase_key`'s prompt for `domain` (unknown domains: general)."""
+    phase_env = _env_for(_phase(phase_key).templates)
+    used = guidance_domain(domain)
+    instructions = f"phases/{phase_key}.md.j2"
+    general = f"guidance/{phase_key}.md.j2"
+    if not _exists(phase_env, general):
+        general = None
+    blocks = tuple(phase_env.get_template(general).blocks) if general else ()
+    found = f"domains/{used}/{phase_key}.md.j2"
+    if not _exists(phase_env, found):
+        return Layers(phase_key, used, instructions, general, blocks, None)
+    added, replaced = [], []
+    for name in phase_env.get_template(found).blocks:
+        if name.startswith(REPLACE):
+            if name[len(REPLACE):] not in blocks:
+                raise ValueError(f"{found}: block {name!r} replaces no block of {general}")
+            replaced.append(name[len(REPLACE):])
+        elif name in blocks:
+            raise ValueError(f"{found}: block {name!r} has the name of a block of {general}: "
+                             f"call it {REPLACE}{name} to replace that block, or rename it")
+        else:
+            added.append(name)
+    return Layers(phase_key, used, instructions, general, blocks, found, tuple(added), tuple(replaced))
+
+
+def _render_block(phase_env: Environment, template: str, block: str, values: dict[str, Any]) -> str:
+    tpl = phase_env.get_template(template)
+    return _tidy("".join(tpl.blocks[block](tpl.new_context(values)))).strip()
 
 
 def _unwrap(idea: dict[str, Any]) -> dict[str, Any]:
@@ -120,17 +176,19 @@ def _unwrap(idea: dict[str, Any]) -> dict[str, Any]:
 def system_prompt(phase_key: str, idea: dict, domain: str, digest: str,
                   order: Sequence[str] = DEFAULT) -> str:
     """The system prompt of one phase. Its first line is `# Phase N of M: <key>`."""
-    phase_vars = _phase_vars(phase_key, order)
+    values = _phase_vars(phase_key, order)
     idea = _unwrap(dict(idea or {}))
-    used = guidance_domain(domain)
-    text = _env_for(phase_vars["phase"].templates).get_template(f"phases/{phase_key}.md.j2").render(
-        **phase_vars,
-        idea=idea,
-        idea_domain=(domain or idea.get("domain") or ""),
-        domain=used,
-        domain_template=_domain_template(phase_key, used),
-        digest=digest or "",
-    )
+    layout = layers(phase_key, domain)
+    phase_env = _env_for(values["phase"].templates)
+    values.update(idea=idea, idea_domain=(domain or idea.get("domain") or ""), domain=layout.domain)
+    general = [
+        _render_block(phase_env, layout.domain_file, REPLACE + name, values) if name in layout.replaced
+        else _render_block(phase_env, layout.general, name, values)
+        for name in layout.blocks
+    ]
+    added = [_render_block(phase_env, layout.domain_file, name, values) for name in layout.added]
+    text = phase_env.get_template(layout.instructions).render(
+        **values, general_guidance=general, domain_guidance=added, digest=digest or "")
     return _tidy(text)
 
 
@@ -173,8 +231,7 @@ def template_sources(phase_key: str, domain: str) -> str:
     names = [
         "system.md.j2",
         "preamble.md.j2",
-        f"phases/{phase_key}.md.j2",
-        *filter(None, [_domain_template(phase_key, domain)]),
+        *layers(phase_key, domain).files,
         "kickoff.md.j2",
         "resume_note.md.j2",
         "nudge.md.j2",

@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 
 from labrun.resources import TEMPLATES
 from labrun.secrets import redact
+from labrun.usage import Usage
 from labrun.workspace import Workspace, write_atomic
 from labrun.phases import DEFAULT, section_titles
 
@@ -61,6 +62,34 @@ class Attempt(BaseModel):
     pgid: int | None = None
     sources_digest: str = ""
     """Digest of the workspace's source files when the attempt started."""
+    branch: int = 1
+    """The branch of the session it ran in (`labrun rerun`); the numbering is one sequence."""
+
+
+class Branch(BaseModel):
+    """One run of the session's phases from `from_phase` on; `labrun rerun` starts the next,
+    keeping this one under `.labrun/branches/<n>/` (labrun.branches)."""
+
+    n: int
+    from_phase: str
+    agent: str
+    model: str | None = None
+    note: str = ""
+    started_at: str = Field(default_factory=now)
+    ended_at: str | None = None
+    """When the next branch replaced it."""
+    flow_run: str | None = None
+    """The flow run that started it: a retry of that run continues it."""
+    kept: dict[str, str] = Field(default_factory=dict)
+    """Phase → cache key, for the phases before `from_phase`: reused as they stand."""
+    spent_before: Usage = Field(default_factory=Usage)
+    """The session's usage when it started; what it cost is what was spent after."""
+    usage: Usage | None = None
+    """What it cost, fixed when the next branch replaced it."""
+    archived: Usage = Field(default_factory=Usage)
+    """Usage of the phase journals moved into its archive (still part of the session's)."""
+    cleaned: bool = True
+    """False until the workspace is cleared of the replaced phases' outputs."""
 
 
 class FlowRunRecord(BaseModel):
@@ -93,6 +122,13 @@ class SessionState(BaseModel):
     file_digests: dict[str, str] = Field(default_factory=dict)
     """Last sha256 any finished phase recorded for each output file."""
     last_run: FlowRunRecord | None = None
+    branches: list[Branch] = Field(default_factory=list)
+    """Empty until the first `labrun rerun`; then every branch, the current one last."""
+
+    @property
+    def branch(self) -> int:
+        """The current branch's number (1 for a session that never reran)."""
+        return self.branches[-1].n if self.branches else 1
 
     @property
     def active_phase(self) -> str | None:

@@ -22,6 +22,9 @@ class Usage(BaseModel):
             cost_usd=round(self.cost_usd + other.cost_usd, 6),
         )
 
+    def __sub__(self, other: "Usage") -> "Usage":
+        return self + Usage(**{k: -v for k, v in other.model_dump().items()})
+
     @property
     def total_tokens(self) -> int:
         return (

@@ -45,7 +45,12 @@ def manifest_digest(manifest: dict[str, Any]) -> str:
 
 
 def _cache_key(context, p: dict[str, Any]) -> str:
-    return f"labrun-{p['session_id']}-{p['phase_key']}-{p['version']}-{p['upstream']}"
+    """`kept`: the key a phase that a rerun reuses finished under. A phase that a rerun runs
+    again has its branch in the key (branch 1's keys are those of a session that never reran)."""
+    if p.get("kept"):
+        return p["kept"]
+    branch = f"-b{p['branch']}" if p.get("branch", 1) > 1 else ""
+    return f"labrun-{p['session_id']}-{p['phase_key']}-{p['version']}-{p['upstream']}{branch}"
 
 
 @task(
@@ -55,14 +60,16 @@ def _cache_key(context, p: dict[str, Any]) -> str:
     persist_result=True,
 )
 def run_phase(session_id: str, workspace: str, phase_key: str, number: int, version: str,
-              upstream: str, rerun: bool = False) -> dict[str, Any]:
-    """`rerun`: the phase must run again (its outputs, or an upstream phase's, changed)."""
+              upstream: str, rerun: bool = False, branch: int = 1,
+              kept: str | None = None) -> dict[str, Any]:
+    """`rerun`: the phase must run again (its outputs, or an upstream phase's, changed).
+    `branch` and `kept`: see `_cache_key`."""
     session = Session.get(workspace)
     session.ws.check_disk()
     phase = BY_KEY[phase_key]
     phase_dir = session.ws.phase_dir(phase_key)
-    key = _cache_key(None, {"session_id": session_id, "phase_key": phase_key,
-                            "version": version, "upstream": upstream})
+    key = _cache_key(None, {"session_id": session_id, "phase_key": phase_key, "version": version,
+                            "upstream": upstream, "branch": branch, "kept": kept})
     order = list(session.state.phases)
     record = session.state.phases[phase_key]
     record.runs += 1

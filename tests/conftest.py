@@ -7,7 +7,9 @@ the `labrun` processes the tests start, through PREFECT_API_URL.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -38,3 +40,15 @@ def prefect_api() -> str:
         EventsWorker.drain_all(timeout=10)
     server.stop()
     os.environ.pop("PREFECT_API_URL", None)
+
+
+@pytest.fixture
+def template_copy(tmp_path, monkeypatch) -> Path:
+    """A copy of templates/ that labrun.prompts renders from, for tests that edit templates."""
+    from labrun import prompts
+
+    root = tmp_path / "templates"
+    shutil.copytree(prompts.TEMPLATES, root)
+    monkeypatch.setattr(prompts, "TEMPLATES", root)
+    monkeypatch.setattr(prompts, "env", prompts.make_env(root))
+    return root

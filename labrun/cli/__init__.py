@@ -92,7 +92,7 @@ class _Help(argparse.RawDescriptionHelpFormatter):
 
 
 def parser() -> argparse.ArgumentParser:
-    from labrun.cli import reading, running, serving
+    from labrun.cli import branches, reading, running, serving
 
     p = argparse.ArgumentParser(prog="labrun", description="Durable autonomous research sessions on Prefect.",
                                 epilog=ENVIRONMENT, formatter_class=_Help)
@@ -126,6 +126,8 @@ def parser() -> argparse.ArgumentParser:
     status = command("status", "phases, attempts, tokens and cost", reading.cmd_status)
     status.add_argument("workspace", help="the session's folder")
     status.add_argument("--json", action="store_true", help="one JSON object (DESIGN.md) instead of tables")
+    status.add_argument("--branch", type=int, default=None, metavar="N",
+                        help="one branch as it stood (`labrun branches` lists them; default: the current one)")
 
     state = command("state", "print STATE.md", reading.cmd_state)
     state.add_argument("workspace", help="the session's folder")
@@ -148,6 +150,28 @@ def parser() -> argparse.ArgumentParser:
     server.add_argument("--crash-after", type=int, default=DEFAULT_CRASH_AFTER_S, metavar="SECONDS",
                         help="mark a run Crashed after this long without a heartbeat")
     server.add_argument("--no-worker", action="store_true", help="start the server only")
+
+    rerun = command("rerun", "run a finished session again from a phase, as a new branch",
+                    branches.cmd_rerun)
+    rerun.add_argument("workspace", help="the session's folder")
+    rerun.add_argument("--from", dest="from_phase", required=True, metavar="PHASE",
+                       help="the first phase to run again; the earlier ones are reused")
+    rerun.add_argument("--agent", choices=AGENTS, default=None, help="the new branch's agent (default: the session's)")
+    rerun.add_argument("--model", default=None, help="the new branch's model (default: the session's)")
+    rerun.add_argument("--note", default="", help="why this branch (shown by `labrun branches`)")
+    _limits(rerun)
+    _verbose(rerun)
+
+    listing = command("branches", "a session's branches: start phase, model, time, cost, note",
+                      branches.cmd_branches)
+    listing.add_argument("workspace", help="the session's folder")
+    listing.add_argument("--json", action="store_true", help="one JSON list instead of a table")
+
+    diff = command("diff", "two branches' metrics and key outputs, side by side", branches.cmd_diff)
+    diff.add_argument("workspace", help="the session's folder")
+    diff.add_argument("a", type=int, metavar="A", help="a branch number")
+    diff.add_argument("b", type=int, metavar="B", help="another branch number")
+    diff.add_argument("--json", action="store_true", help="one JSON object instead of tables")
 
     queue = command("queue", "submit one session run per idea to the server", serving.cmd_queue)
     queue.add_argument("ideas", nargs="+", metavar="IDEA|DIR", help="idea files, or folders of them")

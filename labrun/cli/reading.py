@@ -36,10 +36,15 @@ def cmd_state(args) -> int:
 
 
 def cmd_status(args) -> int:
+    from labrun.branches import BranchError, branch_status
     from labrun.status import session_status
 
-    report = session_status(session_dir(args.workspace))
-    for note in report["notes"]:
+    root = session_dir(args.workspace)
+    try:
+        report = session_status(root) if args.branch is None else branch_status(root, args.branch)
+    except BranchError as e:
+        raise CliError(str(e)) from None
+    for note in report.get("notes", []):
         err.print(f"[yellow]note:[/yellow] {note}")
     if args.json:
         print(json.dumps(report, indent=2))
@@ -51,8 +56,10 @@ def cmd_status(args) -> int:
 def print_status(report: dict) -> None:
     s = report["session"]
     console.print(f"[bold]{report['idea']['title']}[/bold]  ({s['workspace']})")
+    branch = next((b for b in report.get("branches", []) if b["n"] == s.get("branch")), None)
     console.print(f"agent {s['agent']}" + (f" · model {s['model']}" if s["model"] else "")
-                  + f" · {'complete' if s['complete'] else 'not complete'}")
+                  + f" · {'complete' if s['complete'] else 'not complete'}"
+                  + (_branch_line(branch) if branch and len(report["branches"]) > 1 else ""))
     phases = Table("#", "phase", "status", "runs", "tokens", "cost")
     for i, p in enumerate(report["phases"], 1):
         u = p["usage"]
@@ -70,6 +77,11 @@ def print_status(report: dict) -> None:
                   f"{u['cache_read_input_tokens']:,} cache read · {u['cache_creation_input_tokens']:,} "
                   f"cache write · ${u['cost_usd']:.4f}")
     console.print(f"next: {s['next_action']}")
+
+
+def _branch_line(b: dict) -> str:
+    where = "the current branch" if b["current"] else f"kept in {b['archive']}"
+    return f" · branch {b['n']} (from {b['from_phase']}; {where})"
 
 
 def session_dir(workspace: str) -> Path:

@@ -37,6 +37,9 @@ class Run:
     with_phases: tuple[str, ...] = ()
     start_again: str = ""
     """The command that starts the session again if it is interrupted before it exists."""
+    from_phase: str | None = None
+    """`labrun rerun`: the phase a new branch starts at."""
+    note: str | None = None
 
 
 def cmd_run(args) -> int:
@@ -205,6 +208,7 @@ def run_session(run: Run) -> int:
 
 def _run_flow(run: Run, api) -> int:
     from labrun.agents import AgentUnavailable
+    from labrun.branches import BranchError
     from labrun.flows.session import research_session
     from labrun.session import SessionMismatch
     from labrun.workspace import WorkspaceBusy
@@ -213,8 +217,9 @@ def _run_flow(run: Run, api) -> int:
     api.wait()
     try:
         research_session(run.idea_path, str(Path(run.workspace).resolve()), run.agent, run.model,
-                         run.budget_usd, run.max_turns, list(run.with_phases))
-    except (WorkspaceBusy, AgentUnavailable, SessionMismatch) as e:
+                         run.budget_usd, run.max_turns, list(run.with_phases), from_phase=run.from_phase,
+                         note=run.note)
+    except (WorkspaceBusy, AgentUnavailable, SessionMismatch, BranchError) as e:
         raise CliError(str(e)) from None
     except Exception as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__

@@ -17,24 +17,14 @@ from labrun import serving
 from labrun.serving import submit
 from labrun.artifacts import artifact_key
 
-from e2e_helpers import CRASH_AFTER_S, REPO, client, idea_copy, labrun, read_run, status_json, task_runs, wait_for
+from e2e_helpers import (CRASH_AFTER_S, REPO, client, idea_copy, labrun, latest_task_states, read_run,
+                         status_json, wait_for)
 
 FIRST_THREE = ("planning", "setup", "implementation")
 
 
 def phases(status: dict) -> dict[str, dict]:
     return {p["key"]: p for p in status["phases"]}
-
-
-def latest_task_states(flow_run_id, since: datetime | None = None) -> dict[str, str]:
-    """Task run name → state name of the newest task run of that name (after `since`)."""
-    found: dict[str, tuple[datetime, str]] = {}
-    for t in task_runs(flow_run_id):
-        if since is not None and t.created < since:
-            continue
-        if t.name not in found or t.created > found[t.name][0]:
-            found[t.name] = (t.created, t.state.name if t.state else "")
-    return {k: v for k, (_, v) in found.items()}
 
 
 def test_deployments_from_prefect_yaml(prefect_server, deployed):
@@ -48,7 +38,7 @@ def test_deployments_from_prefect_yaml(prefect_server, deployed):
     assert pool.type == "process"
     assert session.work_pool_name == "labrun" and session.work_queue_name == "sessions"
     assert session.entrypoint == "labrun.flows.session.research_session"
-    assert {"idea_path", "workspace", "agent", "model"} <= set(session.parameter_openapi_schema["properties"])
+    assert {"idea_path", "workspace", "agent", "model", "from_phase"} <= set(session.parameter_openapi_schema["properties"])
     # no network in the pull step: the worker runs the flows from this clone
     assert session.pull_steps == [
         {"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}
