@@ -60,3 +60,17 @@ def group_alive(pgid: int) -> bool:
         if int(fields[2]) == pgid and fields[0] != "Z":
             return True
     return False
+
+
+def processes_with_env(name: str, value: str) -> list[int]:
+    """Live processes whose environment holds `name=value`: a test's own agent CLIs, marked by
+    a temporary directory, found wherever they run (another process group, a PID namespace)."""
+    marker = f"{name}={value}".encode()
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker in environ.read_bytes().split(b"\0") and alive(int(environ.parent.name)):
+                found.append(int(environ.parent.name))
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return found
