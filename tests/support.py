@@ -62,14 +62,15 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-def processes_with_env(name: str, value: str) -> list[int]:
-    """Live processes whose environment holds `name=value`: a test's own agent CLIs, marked by
-    a temporary directory, found wherever they run (another process group, a PID namespace)."""
-    marker = f"{name}={value}".encode()
+def processes_with_env(*marks: str) -> list[int]:
+    """Live processes whose environment holds every `NAME=value` of `marks`: a test's own agent
+    CLIs, marked by a temporary directory, found wherever they run (another process group, a
+    PID namespace)."""
+    wanted = {m.encode() for m in marks}
     found = []
     for environ in Path("/proc").glob("[0-9]*/environ"):
         try:
-            if marker in environ.read_bytes().split(b"\0") and alive(int(environ.parent.name)):
+            if wanted <= set(environ.read_bytes().split(b"\0")) and alive(int(environ.parent.name)):
                 found.append(int(environ.parent.name))
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue

@@ -235,7 +235,7 @@ def test_a_killed_engine_resumes_the_claude_session(idea, tmp_path, claude, sess
         proc.send_signal(signal.SIGKILL)
         proc.communicate()
     # claude died with the engine: nothing of it is left
-    wait_for(lambda: not processes_with_env("FAKE_CLAUDE_HOME", str(claude.home)), timeout=5,
+    wait_for(lambda: not processes_with_env(f"FAKE_CLAUDE_HOME={claude.home}"), timeout=5,
              what="claude to die with the engine")
     if not session_known:
         for f in claude.home.rglob("*.json"):
@@ -423,7 +423,7 @@ def test_the_phase_timeout_stops_a_claude_that_never_stops_printing(idea, tmp_pa
     assert result.returncode == 1, result.stdout + result.stderr
     assert time.monotonic() - started < 60
     assert "timeout of 3 s" in result.stderr and "Traceback" not in result.stderr
-    assert not processes_with_env("FAKE_CLAUDE_HOME", str(claude.home))
+    assert not processes_with_env(f"FAKE_CLAUDE_HOME={claude.home}")
     events = transcripts(ws, "planning")[0]
     assert sum(e.get("type") == "assistant" for e in events) > 20
     assert "killed at the phase timeout" in events[-1]["note"]

@@ -26,8 +26,11 @@ process lifetime, the journal, the MCP tool server). This module holds what is C
   retry at all when `retry-after` is long), so labrun's back-off waits it out.
 - **The environment.** `claude` gets what it needs to run and log in (paths, locale,
   proxies, certificates, `ANTHROPIC_*`, `CLAUDE_*`, its switches) and `LABRUN_PASS_ENV`,
-  nothing else; `CLAUDE_CODE_SUBPROCESS_ENV_SCRUB=1` keeps its credentials out of the
-  commands its Bash runs. A subscription login (`CLAUDE_CODE_OAUTH_TOKEN` or `claude
+  nothing else. `CLAUDE_CODE_SUBPROCESS_ENV_SCRUB=1` keeps its credentials out of the
+  commands its Bash runs; Claude Code then runs them in its sandbox, which needs bubblewrap
+  and socat (without them it refuses every command, so labrun sets it only when both are
+  there; `CLAUDE_CODE_SUBPROCESS_ENV_SCRUB=0` turns it off, and the sandbox's network rules
+  with it). A subscription login (`CLAUDE_CODE_OAUTH_TOKEN` or `claude
   /login`) is used when there is one: an exported `ANTHROPIC_API_KEY` would take precedence
   in Claude Code and bill the key, so it is not passed on unless `LABRUN_CLAUDE_AUTH=api-key`.
 - **The tools.** `ENABLE_TOOL_SEARCH=false` (unless set): Claude Code otherwise lists MCP
@@ -153,7 +156,8 @@ class ClaudeCodeAgent(CliAgent):
                                 "BASH_DEFAULT_TIMEOUT_MS", "BASH_MAX_TIMEOUT_MS", "MCP_TIMEOUT",
                                 "MCP_TOOL_TIMEOUT", "USE_BUILTIN_RIPGREP", "NODE_OPTIONS"),
                          prefixes=prefixes, drop=set(dropped) | set(PARENT_MARKS))
-        env.setdefault("CLAUDE_CODE_SUBPROCESS_ENV_SCRUB", "1")  # no credentials in its Bash
+        if can_sandbox():
+            env.setdefault("CLAUDE_CODE_SUBPROCESS_ENV_SCRUB", "1")  # no credentials in its Bash
         env.setdefault("ENABLE_TOOL_SEARCH", "false")  # the MCP tools offered at once, no ToolSearch turn
         env.setdefault("MCP_TOOL_TIMEOUT", str(int((timeout_s + 300) * 1000)))
         if self.permissions == "skip" and hasattr(os, "geteuid") and os.geteuid() == 0:
@@ -162,7 +166,11 @@ class ClaudeCodeAgent(CliAgent):
 
     def announce(self) -> str:
         login, _ = choose_login(self.auth)
-        return f"claude-code: {version(self.executable)} ({self.executable}); login: {login}"
+        said = f"claude-code: {version(self.executable)} ({self.executable}); login: {login}"
+        if not can_sandbox():
+            said += ("; its Bash commands can read that login: install bubblewrap and socat so that "
+                     "Claude Code sandboxes them without it")
+        return said
 
     # -- the events ------------------------------------------------------------------------------
 
@@ -304,6 +312,12 @@ def choose_login(mode: str) -> tuple[str, list[str]]:
         said += ("; ANTHROPIC_API_KEY is set but not passed on, as Claude Code would bill it instead "
                  "(LABRUN_CLAUDE_AUTH=api-key uses it)")
     return said, dropped
+
+
+def can_sandbox() -> bool:
+    """Claude Code keeps its credentials out of its Bash (CLAUDE_CODE_SUBPROCESS_ENV_SCRUB)
+    only inside its own sandbox, which on Linux needs bubblewrap and socat."""
+    return bool(shutil.which("bwrap") and shutil.which("socat"))
 
 
 @lru_cache(maxsize=8)

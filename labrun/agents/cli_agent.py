@@ -617,7 +617,10 @@ def passed_env(names: Iterable[str] = (), prefixes: Iterable[str] = (), drop: It
 # -- process lifetime --------------------------------------------------------------------------
 
 PR_SET_PDEATHSIG = 1
-BWRAP_ARGS = ("--dev-bind", "/", "/", "--proc", "/proc", "--unshare-pid", "--die-with-parent", "--")
+# The whole filesystem as it is, a new PID namespace that ends with the engine. No new /proc:
+# with one mounted here, a sandbox the CLI makes itself (Claude Code's bubblewrap) cannot
+# mount its own.
+BWRAP_ARGS = ("--dev-bind", "/", "/", "--unshare-pid", "--die-with-parent", "--")
 
 
 @lru_cache(maxsize=1)
