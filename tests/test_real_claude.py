@@ -196,8 +196,9 @@ def test_kill_9_during_an_attempt_leaves_no_claude_and_the_resume_asks_nothing_f
                                    headers=unified("allowed", int(time.time()) + 4 * 3600)), login="subscription")
     engine = s.start()
     try:
-        wait_for(lambda: "- Status: RUNNING" in (s.ws / "STATE.md").read_text() if (s.ws / "STATE.md").exists()
-                 else False, timeout=240, what="the experiment attempt to run")
+        wait_for(lambda: (s.ws / "results" / ".slow").exists(), timeout=240,
+                 what="the experiment attempt's command to run")
+        assert "- Status: RUNNING" in (s.ws / "STATE.md").read_text()
         killed_at = time.time()
         if kill == "group":
             os.killpg(engine.pid, signal.SIGKILL)
