@@ -164,6 +164,12 @@ class ClaudeCodeAgent(CliAgent):
             env["IS_SANDBOX"] = "1"  # Claude Code refuses to bypass permissions as root otherwise
         return env
 
+    def needs_namespace(self, env: dict[str, str]) -> bool:
+        """Claude Code's sandbox (on with the scrub) runs each Bash command in a PID namespace
+        of its own that ends with the command and with claude, and it cannot make one inside
+        labrun's; without it, labrun's namespace ends what its commands leave running."""
+        return env.get("CLAUDE_CODE_SUBPROCESS_ENV_SCRUB", "").lower() not in ("1", "true", "yes", "on")
+
     def announce(self) -> str:
         login, _ = choose_login(self.auth)
         said = f"claude-code: {version(self.executable)} ({self.executable}); login: {login}"

@@ -16,11 +16,12 @@ The base does, for every CLI:
   error (persistent 429, 529, overload) is run again after back-off, never counted as a
   failure. A spent usage window raises `UsageWindowSpent`, which the flow waits out
   (`labrun.windows`).
-- **Process lifetime** (`spawn`): nothing the CLI starts outlives the engine. With
-  bubblewrap the CLI runs in its own PID namespace tied to the engine (`--unshare-pid
-  --die-with-parent`): a `kill -9` of the engine, or of its process group, ends every
-  process inside, even those that left the CLI's session. Without bubblewrap the CLI gets
-  a parent-death signal and stays in the engine's process group. Timeouts kill its tree.
+- **Process lifetime** (`spawn`): nothing the CLI starts outlives the engine. The CLI gets
+  a parent-death signal and stays in the engine's process group; with bubblewrap it also
+  runs in its own PID namespace tied to the engine (`--unshare-pid --die-with-parent`), so
+  a `kill -9` of the engine, or of its process group, ends every process inside, even those
+  that left the CLI's session, unless the backend says its CLI's own sandbox does that
+  (`needs_namespace`). Timeouts kill its tree.
 - **The event journal**: every event of run N goes, redacted, into `<name>-run-NNN.jsonl`
   beside the phase's journal. The journal (`Conversation`) gets, as records the rest of
   the engine reads: a "reply" when a run starts (a crash is then resumed, not restarted);
@@ -221,6 +222,11 @@ class CliAgent:
     def announce(self) -> str | None:
         return None
 
+    def needs_namespace(self, env: dict[str, str]) -> bool:
+        """Whether runs need labrun's PID namespace to end all they start (a CLI whose own
+        sandbox ends its commands' processes, and cannot nest in one, says no)."""
+        return True
+
     def write_mcp_config(self, server: ToolServer, phase_dir: Path) -> Path:
         path = phase_dir / f"{self.name}-mcp.json"
         write_atomic(path, json.dumps(server.mcp_config(), indent=2))
@@ -307,8 +313,9 @@ class CliAgent:
         log.info("%s · %s run %d · %s", phase, self.name, n, resume)
         out = Outcome()
         stderr_path = transcript.with_suffix(".stderr")
+        env = self.environment(deadline - time.monotonic())
         with open(stderr_path, "wb") as stderr:
-            proc = spawn(argv, cwd=toolbox.root, env=self.environment(deadline - time.monotonic()), stderr=stderr)
+            proc = spawn(argv, cwd=toolbox.root, env=env, stderr=stderr, namespace=self.needs_namespace(env))
         write_line(transcript, {"type": "labrun", "event": "start", "run": n, "at": _now(), "argv": argv,
                                 "prompt": redact(prompt), "pid": proc.pid, "engine_pid": os.getpid()})
         threading.Thread(target=_feed, args=(proc, prompt), daemon=True).start()
@@ -649,11 +656,11 @@ def _die_with_engine() -> None:
     _prctl()(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def spawn(argv: list[str], cwd: Path, env: dict[str, str], stderr) -> subprocess.Popen:
-    """Start a CLI run tied to the engine: in a PID namespace that dies with it when
-    bubblewrap can make one, with a parent-death signal in any case. It stays in the
+def spawn(argv: list[str], cwd: Path, env: dict[str, str], stderr, namespace: bool = True) -> subprocess.Popen:
+    """Start a CLI run tied to the engine: in a PID namespace that dies with it when asked
+    for and bubblewrap can make one, with a parent-death signal in any case. It stays in the
     engine's process group, so a kill of that group reaches it too."""
-    wrapper = bwrap()
+    wrapper = bwrap() if namespace else None
     _prctl()  # resolved here, not in the forked child
     return subprocess.Popen([wrapper, *BWRAP_ARGS, *argv] if wrapper else argv, cwd=cwd, env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
