@@ -35,8 +35,10 @@ process lifetime, the journal, the MCP tool server). This module holds what is C
   in Claude Code and bill the key, so it is not passed on unless `LABRUN_CLAUDE_AUTH=api-key`.
 - **The tools.** `ENABLE_TOOL_SEARCH=false` (unless set): Claude Code otherwise lists MCP
   tools by name only, and the model spends a turn per run on `ToolSearch` before it can
-  call `complete_phase`; `bench/claude_tools.py` measures both. The tools note says how to
-  load them should they be deferred anyway.
+  call `complete_phase`. `bench/claude_tools.py` measured a six-phase session at 20 requests
+  and $1.03 with the tools offered at once, against 26 requests and $1.38 with them
+  deferred (loading them changes the tool list, so the prompt cache is written again). The
+  tools note says how to load them should they be deferred anyway.
 
 Why not `claude-agent-sdk` (evaluated at 0.2.184): it starts the CLI with the caller's whole
 environment merged under its options (nothing can be removed, so no scrubbing and no
