@@ -247,6 +247,7 @@ class CliAgent:
                   budget: Budget) -> None:
         phase, root = toolbox.phase.key, toolbox.root
         phase_dir = convo.path.parent
+        order = list(toolbox.session.state.phases)
         if not CliAgent.announced and (said := self.announce()):
             log.info("%s", said)
             CliAgent.announced = True
@@ -269,8 +270,7 @@ class CliAgent:
                 budget.check()
                 toolbox.session.ws.check_disk()
                 if not pending_texts(convo):
-                    missing = toolbox.session.missing_for(toolbox.phase, toolbox.session.state.sections)
-                    convo.add_user_text(prompts.nudge(phase, "; ".join(missing)))
+                    convo.add_user_text(prompts.nudge(phase, "; ".join(toolbox.missing()), order))
                 plan = RunPlan(system_file, mcp_config, current_session(convo), max_turns - turns)
                 out, verdict = agent_run(self, toolbox, convo, inbox, plan, budget, deadline,
                                          phase=phase, number=len(transcripts(phase_dir, self.name)) + 1)
@@ -288,7 +288,7 @@ class CliAgent:
                 elif verdict.kind == "lost_session":
                     log.warning("%s: %s has no session %s here; starting a new one", phase, self.name, plan.session_id)
                     convo.append({"kind": "cli_session", "session_id": None, "note": verdict.message[:300]})
-                    convo.add_user_text(prompts.resume_note(phase, []))
+                    convo.add_user_text(prompts.resume_note(phase, [], order))
                 elif verdict.kind in ("logged_out", "unusable"):
                     raise AgentUnavailable(verdict.message)
                 else:
@@ -296,14 +296,14 @@ class CliAgent:
                     log.warning("%s: %s run failed: %s", phase, self.name, verdict.message)
                     if failures >= MAX_FAILED_RUNS:
                         raise CliFailed(f"{self.name} failed {failures} times in a row; the last: {verdict.message}")
-                    convo.add_user_text(prompts.resume_note(phase, []))
+                    convo.add_user_text(prompts.resume_note(phase, [], order))
 
     # one run
 
     def run_once(self, toolbox: ToolBox, convo: Conversation, inbox: queue.Queue, plan: RunPlan,
                  budget: Budget, deadline: float) -> Outcome:
         phase, phase_dir = toolbox.phase.key, convo.path.parent
-        prompt = next_prompt(convo, phase, plan.session_id)
+        prompt = next_prompt(convo, phase, plan.session_id, list(toolbox.session.state.phases))
         argv = self.argv(plan)
         n, transcript = new_transcript(phase_dir, self.name)
         resume = f"resuming session {plan.session_id}" if plan.session_id else "new session"
@@ -448,7 +448,7 @@ def agent_run(agent: CliAgent, toolbox: ToolBox, convo: Conversation, inbox: que
     out = agent.run_once(toolbox, convo, inbox, plan, budget, deadline)
     verdict = agent.judge(out) if out.stopped is None else Verdict("ok")
     if verdict.kind == "transient" and toolbox.completed is None:
-        convo.add_user_text(prompts.resume_note(phase, []))
+        convo.add_user_text(prompts.resume_note(phase, [], list(toolbox.session.state.phases)))
         back_off(TransientModelError(verdict.message), f"{phase} · {agent.name} run {number}")
     return out, verdict
 
@@ -467,10 +467,10 @@ def pending_texts(convo: Conversation) -> list[str]:
     return texts
 
 
-def next_prompt(convo: Conversation, phase: str, session_id: str | None) -> str:
+def next_prompt(convo: Conversation, phase: str, session_id: str | None, order: list[str]) -> str:
     texts = list(dict.fromkeys(pending_texts(convo)))  # a restarted phase repeats its kickoff
     if session_id is None:  # a new session starts from the kickoff
-        kickoff = prompts.kickoff(phase)
+        kickoff = prompts.kickoff(phase, order)
         texts = [kickoff] + [t for t in texts if t != kickoff]
     return "\n\n".join(texts)
 
