@@ -109,6 +109,24 @@ class Setup:
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env,
                                 start_new_session=True)
 
+    def kill_during(self, engine: subprocess.Popen, kill, ready, what: str) -> str:
+        """Once `ready()`, SIGKILL the engine with `kill` (os.killpg: its process group;
+        os.kill: its PID alone). Then no claude process, nor anything it started, may be left,
+        and no request may reach the API. Returns the engine's stderr."""
+        try:
+            wait_for(ready, timeout=240, what=what)
+            assert self.claudes(), "claude runs"
+            killed_at = time.time()
+            kill(engine.pid, signal.SIGKILL)
+            _, stderr = engine.communicate(timeout=60)
+        finally:
+            if engine.poll() is None:
+                os.killpg(engine.pid, signal.SIGKILL)
+        wait_for(lambda: not self.claudes(), timeout=5, what="every claude process to end with the engine")
+        time.sleep(1)
+        assert not [r for r in self.api.requests if r["time"] >= killed_at], "a request reached the API after the kill"
+        return stderr
+
     def status(self) -> dict:
         done = labrun("status", str(self.ws), "--json", env=self.env)
         assert done.returncode == 0, done.stderr
@@ -202,19 +220,9 @@ def test_kill_9_during_an_attempt_leaves_no_claude_and_the_resume_asks_nothing_f
     s = setup_for(ClaudeResearcher(faults={("planning", 0): [spent]}, slow_experiment_s=600,
                                    headers=unified("allowed", int(time.time()) + 4 * 3600)), login="subscription")
     engine = s.start()
-    try:
-        wait_for(lambda: (s.ws / "results" / ".slow").exists(), timeout=240,
-                 what="the experiment attempt's command to run")
-        assert "- Status: RUNNING" in (s.ws / "STATE.md").read_text()
-        killed_at = time.time()
-        os.killpg(engine.pid, signal.SIGKILL)
-        _, stderr = engine.communicate(timeout=60)
-    finally:
-        if engine.poll() is None:
-            os.killpg(engine.pid, signal.SIGKILL)
-    wait_for(lambda: not s.claudes(), timeout=5, what="every claude process to end with the engine")
-    time.sleep(2)
-    assert not [r for r in s.api.requests if r["time"] >= killed_at], "a request reached the API after the kill"
+    stderr = s.kill_during(engine, os.killpg, lambda: (s.ws / "results" / ".slow").exists(),
+                           "the experiment attempt's command to run")
+    assert "- Status: RUNNING" in (s.ws / "STATE.md").read_text()
     assert "login: Claude subscription (CLAUDE_CODE_OAUTH_TOKEN)" in stderr
     assert "usage window spent" in (s.ws / "STATE.md").read_text()
     planning = [r for r in s.api.requests if phase_of(r["body"]) == "planning"]
@@ -253,16 +261,5 @@ def test_kill_9_of_the_engine_alone_ends_claude_and_all_it_started(setup_for):
     # leaves claude's session, and only labrun's PID namespace can end it.
     s.env["CLAUDE_CODE_SUBPROCESS_ENV_SCRUB"] = "0"
     engine = s.start()
-    try:
-        wait_for(lambda: len(s.api.requests) >= 2, timeout=240, what="claude to wait on its second request")
-        wait_for(lambda: any("time.sleep(600)" in cmdline(p) for p in s.claudes()), timeout=30,
-                 what="claude's background job to run")
-        killed_at = time.time()
-        os.kill(engine.pid, signal.SIGKILL)
-        engine.communicate(timeout=60)
-    finally:
-        if engine.poll() is None:
-            os.killpg(engine.pid, signal.SIGKILL)
-    wait_for(lambda: not s.claudes(), timeout=5, what="claude and its background job to end with the engine")
-    time.sleep(1)
-    assert not [r for r in s.api.requests if r["time"] >= killed_at], "a request reached the API after the kill"
+    s.kill_during(engine, os.kill, lambda: len(s.api.requests) >= 2 and any(
+        "time.sleep(600)" in cmdline(p) for p in s.claudes()), "claude's second request and its background job")

@@ -81,7 +81,7 @@ from labrun.prices import cost_usd
 from labrun.secrets import redact
 from labrun.tools import ToolBox, ToolResult
 from labrun.turns import RETRY_POLICY, PhaseStopped, back_off
-from labrun.usage import Budget, BudgetSpent, Usage
+from labrun.usage import Budget, BudgetSpent, Usage, add_usd
 from labrun.windows import clock
 from labrun.workspace import write_atomic
 
@@ -518,12 +518,12 @@ def record_result(convo: Conversation, finished: Finished, streamed: dict[str, U
     run then sums to its bill exactly. Returns the correction (what is left to spend)."""
     billed = finished.usage.model_copy()
     if finished.total_cost_usd is not None:
-        billed.cost_usd = finished.total_cost_usd - session_cost(convo, finished.session_id)
+        billed.cost_usd = add_usd(finished.total_cost_usd, -session_cost(convo, finished.session_id))
     estimated = sum(streamed.values(), Usage())
     if finished.total_cost_usd is None:  # a CLI that reports no money: labrun's prices
         billed.cost_usd = cost_usd(finished.model, billed) if finished.model else estimated.cost_usd
     correction = Usage(**{k: getattr(billed, k) - getattr(estimated, k) for k in TOKEN_FIELDS},
-                       cost_usd=billed.cost_usd - estimated.cost_usd, estimated_usd=-estimated.estimated_usd)
+                       cost_usd=add_usd(billed.cost_usd, -estimated.cost_usd), estimated_usd=-estimated.estimated_usd)
     convo.append({"kind": "reply", "stop_reason": finished.subtype, "usage": correction.model_dump(),
                   "content": [{"type": "text", "text": f"[result: {finished.subtype}, {finished.turns} turns, "
                                f"${billed.cost_usd:.4f}]"}],
