@@ -187,7 +187,9 @@ def print_status(report: dict) -> None:
     u = report["usage"]
     console.print(f"usage: {u['input_tokens']:,} in · {u['output_tokens']:,} out · "
                   f"{u['cache_read_input_tokens']:,} cache read · {u['cache_creation_input_tokens']:,} "
-                  f"cache write · ${u['cost_usd']:.4f}")
+                  f"cache write · ${u['cost_usd']:.4f}"
+                  + (f" (${u['estimated_usd']:.4f} of it estimated: runs killed before their bill)"
+                     if u.get("estimated_usd") else ""))
     console.print(f"next: {s['next_action']}")
 
 
