@@ -56,6 +56,7 @@ class Claude:
             "LABRUN_CLAUDE_PERMISSIONS": "default",
             "LABRUN_PHASE_TIMEOUT_S": "",
             "LABRUN_MIN_WINDOW_WAIT_S": "",
+            "LABRUN_RETRY_BASE_S": "0.1",
         }
 
     def fault(self, *faults: dict) -> None:
@@ -171,14 +172,23 @@ def assert_complete(ws: Path, result) -> None:
 
 
 def test_a_session_with_claude_code(idea, tmp_path, claude):
-    """Six phases through `claude -p`; claude dies once mid-phase and stops short once."""
+    """Six phases through `claude -p`; claude dies once mid-phase and stops short once; it
+    gives up on an overloaded API three times in a row and on an API key's rate limit once,
+    which labrun waits out with back-off, not as failures."""
     ws = tmp_path / "ws"
+    overloaded = {"phase": "setup", "at_step": 0, "do": "overloaded"}
     claude.fault({"phase": "experiments", "at_step": 1, "do": "die"},
                  {"phase": "analysis", "at_step": 0, "do": "stop"},
-                 {"phase": "implementation", "at_step": 1, "do": "warning"})
+                 {"phase": "implementation", "at_step": 1, "do": "warning"},
+                 {"phase": "planning", "at_step": 1, "do": "retry", "times": 2},
+                 overloaded, overloaded, overloaded,
+                 {"phase": "documentation", "at_step": 0, "do": "ratelimited"})
     result = run(idea, ws, claude)
     assert_complete(ws, result)
     assert "usage window (five_hour) nearly spent" in result.stderr
+    assert "API error 529 (overloaded): claude retries in 1.0 s, attempt 2 of 10" in result.stderr
+    assert result.stderr.count("the API is busy or limiting (529) after 3 retries of its own") == 3
+    assert "the API is busy or limiting (429)" in result.stderr and "run failed" not in result.stderr
 
     # the attempt ran through labrun's tool, as a recorded attempt
     state_md = (ws / "STATE.md").read_text()
@@ -190,8 +200,8 @@ def test_a_session_with_claude_code(idea, tmp_path, claude):
     assert parents[-1].flow_run_id == attempt.flow_run_id
 
     calls = claude.calls()
-    assert [c["phase"] for c in calls] == ["planning", "setup", "implementation", "experiments",
-                                           "experiments", "analysis", "analysis", "documentation"]
+    assert [c["phase"] for c in calls] == ["planning"] + ["setup"] * 4 + [
+        "implementation", "experiments", "experiments", "analysis", "analysis", "documentation", "documentation"]
     for c in calls:
         argv = c["argv"]
         assert argv[:5] == ["-p", "--output-format", "stream-json", "--verbose", "--append-system-prompt-file"]
