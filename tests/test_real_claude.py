@@ -181,12 +181,12 @@ def test_six_phases_outlast_a_429_and_a_529_storm_and_cost_what_was_billed(setup
     s = setup_for(ClaudeResearcher(faults={("setup", 0): [rate_limited] * 3, ("analysis", 1): [overloaded] * 4}))
     result = s.run()
     assert_complete(s, result)
-    assert "login: API key (ANTHROPIC_API_KEY)" in result.stderr
-    assert "claude-code: 2.1." in result.stderr
+    said = " ".join(result.stderr.split())  # the terminal's lines are wrapped
+    assert "login: API key (ANTHROPIC_API_KEY)" in said and "claude-code: 2.1." in said
     # the CLI's own retries are shown, and the runs that gave up were retried by labrun
-    assert "API error 529 (overloaded): claude retries" in result.stderr
-    assert "the API is busy or limiting (429)" in result.stderr and "(529)" in result.stderr
-    assert "run failed" not in result.stderr
+    assert "API error 529 (overloaded): claude retries" in said
+    assert "the API is busy or limiting (429)" in said and "(529)" in said
+    assert "run failed" not in said
 
     report = s.status()
     billed = s.billed()
@@ -223,7 +223,7 @@ def test_kill_9_during_an_attempt_leaves_no_claude_and_the_resume_asks_nothing_f
     stderr = s.kill_during(engine, os.killpg, lambda: (s.ws / "results" / ".slow").exists(),
                            "the experiment attempt's command to run")
     assert "- Status: RUNNING" in (s.ws / "STATE.md").read_text()
-    assert "login: Claude subscription (CLAUDE_CODE_OAUTH_TOKEN)" in stderr
+    assert "login: Claude subscription (CLAUDE_CODE_OAUTH_TOKEN)" in " ".join(stderr.split())
     assert "usage window spent" in (s.ws / "STATE.md").read_text()
     planning = [r for r in s.api.requests if phase_of(r["body"]) == "planning"]
     after_window = [r for r in planning[1:]]
