@@ -189,7 +189,8 @@ def test_a_session_with_claude_code(idea, tmp_path, claude):
     said = " ".join(result.stderr.split())  # the terminal's lines are wrapped
     assert "API error 529 (overloaded): claude retries in 1.0 s, attempt 2 of 10" in said
     assert said.count("the API is busy or limiting (529) after 3 retries of its own") == 3
-    assert "the API is busy or limiting (429)" in said and "run failed" not in said
+    assert "the API is busy or limiting (429)" in said
+    assert said.count("claude run failed") == 1  # only the death: no retried run counts as failed
 
     # the attempt ran through labrun's tool, as a recorded attempt
     state_md = (ws / "STATE.md").read_text()
@@ -430,10 +431,10 @@ def test_the_phase_timeout_stops_a_claude_that_never_stops_printing(idea, tmp_pa
     ws = tmp_path / "ws"
     claude.fault({"phase": "planning", "at_step": 0, "do": "chatty"})
     started = time.monotonic()
-    result = run(idea, ws, claude, LABRUN_PHASE_TIMEOUT_S="3")
+    result = run(idea, ws, claude, LABRUN_PHASE_TIMEOUT_S="8")
     assert result.returncode == 1, result.stdout + result.stderr
     assert time.monotonic() - started < 60
-    assert "timeout of 3 s" in result.stderr and "Traceback" not in result.stderr
+    assert "timeout of 8 s" in result.stderr and "Traceback" not in result.stderr
     assert not processes_with_env(f"FAKE_CLAUDE_HOME={claude.home}")
     events = transcripts(ws, "planning")[0]
     assert sum(e.get("type") == "assistant" for e in events) > 20

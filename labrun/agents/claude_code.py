@@ -120,6 +120,7 @@ class ClaudeCodeAgent(CliAgent):
         self.auth = os.environ.get("LABRUN_CLAUDE_AUTH", "auto")
         if self.auth not in ("auto", "subscription", "api-key"):
             raise AgentUnavailable(f"LABRUN_CLAUDE_AUTH={self.auth!r}: use `auto`, `subscription` or `api-key`")
+        self.snapshot_off = has_option(found, "--system-prompt-snapshot")  # asked once, before any phase
         note, _, _ = prompts.env.loader.get_source(prompts.env, TOOLS_NOTE)
         self.settings = {"model": model, "tools_note": hashlib.sha256(note.encode()).hexdigest()[:12]}
 
@@ -130,7 +131,7 @@ class ClaudeCodeAgent(CliAgent):
                 "--append-system-prompt-file", str(plan.system_file),
                 "--mcp-config", str(plan.mcp_config), "--strict-mcp-config",
                 "--max-turns", str(max(1, plan.turns_left))]
-        if has_option(self.executable, "--system-prompt-snapshot"):
+        if self.snapshot_off:
             argv += ["--system-prompt-snapshot", "off"]
         if self.model:
             argv += ["--model", self.model]
