@@ -91,9 +91,7 @@ def run_phase(session_id: str, workspace: str, phase_key: str, number: int, vers
             convo = Conversation.start(phase_dir)
         # A phase cut off before its first reply keeps its prompt: the same request is asked again.
         if not any(r["kind"] == "system" for r in convo.records):
-            system = prompts.system_prompt(phase_key, session.idea.as_prompt_dict(),
-                                           session.idea.guidance_domain, prompts.digest(session.state),
-                                           order)
+            system = prompts.phase_system_prompt(session, phase_key)
             convo.append({"kind": "system", "text": system,
                           "files_before": workspace_files(session.ws.root)})
         if not any(r["kind"] == "user" for r in convo.records):

@@ -91,3 +91,18 @@ def tmpfs(mount: Path, options: str):
         finally:
             subprocess.run(["umount", "--lazy", str(mount)], check=True)
     return mounted()
+
+
+def processes_with_env(*marks: str) -> list[int]:
+    """Live processes whose environment holds every `NAME=value` of `marks`: a test's own agent
+    CLIs, marked by a temporary directory, found wherever they run (another process group, a
+    PID namespace)."""
+    wanted = {m.encode() for m in marks}
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if wanted <= set(environ.read_bytes().split(b"\0")) and alive(int(environ.parent.name)):
+                found.append(int(environ.parent.name))
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return found

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from types import SimpleNamespace as NS
@@ -193,7 +192,7 @@ def test_no_other_phase_key_anywhere_in_template_text(key, domain):
         assert key in text
 
 
-@needs_ideas
+@needs_shared()
 def test_idea_rendering():
     prompt = prompts.system_prompt("planning", NEUTRAL_IDEA, "general", "")
     assert "Budget: $50 (USD)" in prompt

@@ -13,7 +13,8 @@ from labrun.cli import CliError, console, err
 
 def cmd_check(args) -> int:
     from labrun.idea import IdeaError, load_idea
-    from labrun.prompts import guidance_domain
+    from labrun.phases import PHASES
+    from labrun.prompts import guidance_domain, layers
 
     try:
         idea = load_idea(args.idea)
@@ -25,7 +26,15 @@ def cmd_check(args) -> int:
         err.print(f"[yellow]warning:[/yellow] {args.idea}: {warning}")
     budget = f"${idea.budget_usd:g}" if idea.budget_usd is not None else "none"
     console.print(f"{args.idea}: valid · {idea.title} · domain {idea.domain} "
-                  f"(guidance: {guidance_domain(idea.guidance_domain)}) · budget {budget}")
+                  f"(guidance: {guidance_domain(idea.guidance_domain)}) · budget {budget}", markup=False)
+    console.print("prompt layers of each phase: its own instructions, the general guidance, the domain's")
+    for number, phase in enumerate(PHASES, 1):
+        layout = layers(phase.key, idea.guidance_domain)
+        changes = [f"adds {', '.join(layout.added)}"] if layout.added else []
+        changes += [f"replaces {', '.join(layout.replaced)}"] if layout.replaced else []
+        domain = f"{layout.domain}: {'; '.join(changes)}" if changes else "no domain guidance"
+        console.print(f"  {number} {phase.key:<15} general: {len(layout.blocks)} blocks · {domain}",
+                      markup=False)
     return 0
 
 
@@ -75,7 +84,9 @@ def print_status(report: dict) -> None:
     u = report["usage"]
     console.print(f"usage: {u['input_tokens']:,} in · {u['output_tokens']:,} out · "
                   f"{u['cache_read_input_tokens']:,} cache read · {u['cache_creation_input_tokens']:,} "
-                  f"cache write · ${u['cost_usd']:.4f}")
+                  f"cache write · ${u['cost_usd']:.4f}"
+                  + (f" (${u['estimated_usd']:.4f} of it estimated: runs killed before their bill)"
+                     if u.get("estimated_usd") else ""))
     console.print(f"next: {s['next_action']}")
 
 
