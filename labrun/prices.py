@@ -118,4 +118,4 @@ def cost_usd(model: str, usage: Usage) -> float:
         + usage.cache_creation_input_tokens * table["cache_write"]
         + usage.cache_read_input_tokens * table["cache_read"]
     )
-    return round(total / 1_000_000 + usage.web_search_requests * WEB_SEARCH_USD, 6)
+    return total / 1_000_000 + usage.web_search_requests * WEB_SEARCH_USD  # unrounded: round only for display

@@ -193,6 +193,25 @@ def system_prompt(phase_key: str, idea: dict, domain: str, digest: str,
     return _tidy(text)
 
 
+def phase_system_prompt(session: Any, phase_key: str) -> str:
+    """The system prompt of one phase of `session`, with the STATE.md digest as it is now.
+    Runs the phase's `setup` (which may put files in the workspace)."""
+    return system_prompt(phase_key, session.idea.as_prompt_dict(), session.idea.guidance_domain,
+                         digest(session.state), list(session.state.phases),
+                         template_context(session, BY_KEY[phase_key]))
+
+
+def template_context(session: Any, phase: Phase) -> dict[str, Any]:
+    """What the phase's own templates get besides the idea and the digest: the backend's web
+    tools when the phase offers them, and what the phase's `setup` returned (it runs now)."""
+    from labrun.agents import web_tools
+
+    context: dict[str, Any] = {"web_tools": web_tools(session.state.agent) if phase.web else ()}
+    if phase.setup is not None:
+        context.update(phase.setup(session))
+    return context
+
+
 def kickoff(phase_key: str, order: Sequence[str] = DEFAULT) -> str:
     """The first user message of a phase."""
     return _tidy(env.get_template("kickoff.md.j2").render(**_phase_vars(phase_key, order)))

@@ -44,7 +44,7 @@ def refuse_if_repeated(session: Session, inp: RunExperimentInput) -> None:
     reason = None
     if last and last.status == "FAILED" and not (inp.fix_applied or "").strip():
         reason = (
-            f"attempt {last.n} failed ({last.error}); say in fix_applied what you changed "
+            f"attempt {_named(session, last)} failed ({last.error}); say in fix_applied what you changed "
             "before the next attempt"
         )
     else:
@@ -52,12 +52,17 @@ def refuse_if_repeated(session: Session, inp: RunExperimentInput) -> None:
         for a in attempts:
             if a.status == "FAILED" and a.command == inp.command and a.sources_digest == sources:
                 reason = (
-                    f"attempt {a.n} already ran this command on these same source files and "
+                    f"attempt {_named(session, a)} already ran this command on these same source files and "
                     f"failed ({a.error}); change the code or the command first"
                 )
     if reason:
         session.store.log(f"run_experiment refused: {reason}")
         raise ToolError(f"Refused, not run: {reason}.")
+
+
+def _named(session: Session, attempt: Attempt) -> str:
+    """An earlier branch's attempt says so (`labrun rerun`: one numbering, every branch)."""
+    return f"{attempt.n}" if attempt.branch == session.state.branch else f"{attempt.n} (branch {attempt.branch})"
 
 
 def _attempt_key(context, parameters) -> str:

@@ -5,26 +5,25 @@ those parameters: tests/test_pipeline.py.)"""
 
 from __future__ import annotations
 
-from e2e_helpers import idea_copy, read_run, status_json, wait_for
+from e2e_helpers import idea_copy, latest_task_states, read_run, status_json, wait_for
 
 
 def test_a_failed_paper_phase_retried_from_the_ui_reads_the_seven_before_it_from_the_cache(
         prefect_server, worker, tmp_path):
     from datetime import datetime, timezone
 
-    from labrun import server as srv
     from labrun.idea import load_idea
-    from test_server_mode import latest_task_states
+    from labrun.serving import submit
 
     idea = idea_copy(tmp_path / "ideas", "retry.yaml", "Pipeline test: a paper that fails once")
-    workspace = srv.workspace_for(idea, load_idea(idea).content_hash, tmp_path / "workspaces")
-    run = srv.submit_session(idea, workspace, with_phases=["resources", "paper"], paper_style="icml",
-                             job_variables={"env": {"LABRUN_SCRIPTED_FAULTS": "raise@paper:2",
-                                                    "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}})
+    workspace = submit.workspace_for(idea, load_idea(idea).content_hash, tmp_path / "workspaces")
+    run = submit.submit_session(idea, workspace, with_phases=["resources", "paper"], paper_style="icml",
+                                job_variables={"env": {"LABRUN_SCRIPTED_FAULTS": "raise@paper:2",
+                                                       "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}})
     run_id = str(run.id)
     assert wait_for([run_id], timeout_s=300)[run_id].state.type.value == "FAILED"
     retried_at = datetime.now(timezone.utc)
-    assert srv.retry_like_the_ui(run_id, ui="v2").status.value == "ACCEPT"
+    assert submit.retry_like_the_ui(run_id, ui="v2").status.value == "ACCEPT"
     done = wait_for([run_id], timeout_s=300)[run_id]
     assert done.state.type.value == "COMPLETED", done.state
     states = latest_task_states(run_id, since=retried_at)
