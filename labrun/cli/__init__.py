@@ -103,12 +103,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 class _Help(argparse.RawDescriptionHelpFormatter):
-    """Every option shows its default (an unset one says in its help what happens then);
+    """Every option shows its default (an unset or empty one says in its help what happens then);
     the epilog keeps its lines."""
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if action.default not in (None, False, argparse.SUPPRESS) and action.option_strings:
+        if action.default not in (None, False, "", argparse.SUPPRESS) and action.option_strings:
             text += " (default: %(default)s)"
         return text
 
@@ -183,7 +183,7 @@ def parser() -> argparse.ArgumentParser:
                        help="the first phase to run again; the earlier ones are reused")
     rerun.add_argument("--agent", choices=AGENTS, default=None, help="the new branch's agent (default: the session's)")
     rerun.add_argument("--model", default=None, help="the new branch's model (default: the session's)")
-    rerun.add_argument("--note", default="", help="why this branch (shown by `labrun branches`)")
+    rerun.add_argument("--note", default="", help="why this branch, shown by `labrun branches` (default: none)")
     _limits(rerun)
     _verbose(rerun)
 

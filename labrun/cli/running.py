@@ -213,8 +213,8 @@ def _run_flow(run: Run, api) -> int:
     api.wait()
     try:
         research_session(run.idea_path, str(Path(run.workspace).resolve()), run.agent, run.model,
-                         run.budget_usd, run.max_turns, list(run.with_phases), run.paper_style, from_phase=run.from_phase,
-                         note=run.note)
+                         run.budget_usd, run.max_turns, list(run.with_phases), run.paper_style,
+                         from_phase=run.from_phase, note=run.note)
     except (WorkspaceBusy, AgentUnavailable, SessionMismatch, BranchError) as e:
         raise CliError(str(e)) from None
     except Exception as e:
