@@ -179,11 +179,12 @@ def print_status(report: dict) -> None:
         phases.add_row(str(i), p["key"], p["status"], str(p["runs"]), f"{tokens:,}", f"${u['cost_usd']:.4f}")
     console.print(phases)
     if report["attempts"]:
-        attempts = Table("attempt", "phase", "status", "command", "error / fix")
+        attempts = Table("attempt", "phase", "run", "status", "command", "error / fix")
         for a in report["attempts"]:
             note = a["error"] or (f"fix: {a['fix_applied']}" if a["fix_applied"] else "")
-            attempts.add_row(str(a["n"]), a["phase"], a["status"], a["command"], note)
+            attempts.add_row(str(a["n"]), a["phase"], a["run_id"] or "", a["status"], a["command"], note)
         console.print(attempts)
+    print_plan(report["plan"])
     u = report["usage"]
     console.print(f"usage: {u['input_tokens']:,} in · {u['output_tokens']:,} out · "
                   f"{u['cache_read_input_tokens']:,} cache read · {u['cache_creation_input_tokens']:,} "
@@ -196,6 +197,32 @@ def print_status(report: dict) -> None:
 def _branch_line(b: dict) -> str:
     where = "the current branch" if b["current"] else f"kept in {b['archive']}"
     return f" · branch {b['n']} (from {b['from_phase']}; {where})"
+
+
+def print_plan(plan: dict) -> None:
+    """The run list with its coverage, and the verdicts on the idea's evaluation criteria."""
+    if plan["runs"]:
+        c = plan["coverage"]
+        runs = Table("run", "purpose", "seeds", "criteria", "coverage",
+                     title=f"run list: {c['done']} of {c['runs']} done, {c['deviated']} set aside, {c['open']} open")
+        for r in plan["runs"]:
+            if r["state"] == "done":
+                shown = "done: " + ", ".join(f"#{n}" for n in r["succeeded"])
+            elif r["state"] == "deviated":
+                shown = f"deviation: {r['deviation']}"
+            else:
+                shown = "open" + (f" (tried {', '.join(f'#{n}' for n in r['attempts'])})" if r["attempts"] else "")
+            runs.add_row(*map(escape, (r["id"], r["purpose"], ", ".join(map(str, r["seeds"])) or "—",
+                                       ", ".join(r["criteria"]) or "—", shown)))
+        console.print(runs)
+    for criterion in plan["criteria"]:
+        verdict = f"{criterion['status']}: {criterion['note']}" if criterion["status"] else "not judged yet"
+        console.print(f"  {criterion['id']} {criterion['text']} — {verdict}", markup=False)
+    for output in plan["outputs"]:
+        shown = "present" if output["exists"] else (f"deviation: {output['deviation']}" if output["deviation"] else "missing")
+        console.print(f"  analysis output {output['path']}: {shown}", markup=False)
+    if plan["negative_outcome"]:
+        console.print(f"negative outcome: {plan['negative_outcome']}", markup=False)
 
 
 def _session_dir(workspace: str) -> Path:

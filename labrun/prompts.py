@@ -29,6 +29,7 @@ from typing import Any, Sequence
 from jinja2 import ChoiceLoader, Environment, FileSystemLoader, StrictUndefined, TemplateNotFound
 
 from labrun.phases import BY_KEY, DEFAULT, Phase
+from labrun.plan import coverage
 from labrun import resources
 from labrun.resources import TEMPLATES
 
@@ -221,8 +222,10 @@ def digest(state: Any) -> str:
     numbers = {k: n for n, k in enumerate(state.phases, 1)}
     handed_on = [(f, k) for k, r in state.phases.items() if _status(r) == "DONE"
                  for f in BY_KEY[k].hands_on] if state.phases else []
-    return _tidy(env.get_template("digest.md.j2").render(state=state, phase_number=numbers,
-                                                         handed_on=handed_on))
+    plan = getattr(state, "plan", None)
+    return _tidy(env.get_template("digest.md.j2").render(
+        state=state, phase_number=numbers, handed_on=handed_on, plan=plan,
+        runs=coverage(plan, state.attempts)))
 
 
 def _status(record: Any) -> str:

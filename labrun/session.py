@@ -15,6 +15,7 @@ from labrun.commands import kill_group
 from labrun.idea import Idea, load_idea
 from labrun.state import Attempt, PhaseRecord, SessionState, StateStore
 from labrun.journal import Conversation, phase_usage
+from labrun.plan import Plan
 from labrun.usage import Budget, Usage
 from labrun.workspace import Workspace, write_json
 from labrun.phases import BY_KEY, Phase, Work, phase_list
@@ -115,6 +116,7 @@ class Session:
                 idea = load_idea(ws.data / "idea.yaml")
                 session = cls(ws, store, idea)
                 session._check_phases(keys if with_phases else None)
+                session._migrate()
                 session._settle(agent, model, budget_usd, max_turns)
                 session.reconcile_after_crash()
             else:
@@ -132,6 +134,7 @@ class Session:
                     budget_usd=budget_usd if budget_usd is not None else idea.budget_usd,
                     max_turns=max_turns,
                     phases={k: PhaseRecord() for k in keys},
+                    plan=Plan.for_criteria(idea.evaluation_criteria),
                 )
                 store = StateStore(ws, state)
                 session = cls(ws, store, idea)
@@ -160,6 +163,12 @@ class Session:
             raise SessionMismatch(
                 f"{self.ws.root}: this session's phases were fixed when it started "
                 f"({', '.join(self.state.phases)}); use a new --workspace for other phases")
+
+    def _migrate(self) -> None:
+        """Bring a session started by an older labrun up to this one's state."""
+        plan = self.state.plan
+        if not plan.criteria and not plan.runs and self.idea.evaluation_criteria:
+            self.state.plan = Plan.for_criteria(self.idea.evaluation_criteria)
 
     def _settle(self, agent: str | None, model: str | None, budget_usd: float | None,
                 max_turns: int | None) -> None:
@@ -197,6 +206,7 @@ class Session:
                 command=inp.command,
                 purpose=inp.purpose,
                 fix_applied=inp.fix_applied,
+                run_id=inp.run_id,
                 outputs=list(inp.outputs),
                 metrics_file=inp.metrics_file,
                 log=f".labrun/attempts/attempt-{n:03d}.log",
@@ -226,15 +236,25 @@ class Session:
 
     # -- phases ----------------------------------------------------------------------------
 
-    def work(self, sections: dict[str, str]) -> Work:
-        """What a phase's completion rule is checked against."""
-        return Work(self.ws.root, sections, self.state.attempts)
+    def work(self, phase_key: str, sections: dict[str, str], parts: dict[str, Any] | None = None) -> Work:
+        """What a phase's completion rule is checked against: `parts` are the structured
+        parts of its `complete_phase` call, applied to the session's plan."""
+        parts = parts or {}
+        background = self.idea.background
+        refs = tuple(r.repo for r in background.code_references or ()) if background else ()
+        return Work(self.ws.root, sections, self.state.attempts, phase_key,
+                    self.state.plan.merged(parts, phase_key), parts, refs)
 
-    def give_sections(self, phase_key: str, sections: dict[str, str]) -> None:
+    def give_sections(self, phase_key: str, sections: dict[str, str],
+                      parts: dict[str, Any] | None = None) -> None:
+        """Record what a phase's `complete_phase` gave: STATE sections and plan parts."""
         with self.store._lock:
             self.state.sections.update(sections)
             if sections:
                 self.store.event(f"{phase_key} gave sections: {', '.join(sections)}")
+            if parts:
+                self.state.plan = self.state.plan.merged(parts, phase_key)
+                self.store.event(f"{phase_key} gave {', '.join(parts)}")
             self.store.save()
 
     def manifest(self, phase_key: str) -> dict[str, Any] | None:

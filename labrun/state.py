@@ -17,6 +17,7 @@ from typing import Callable, Literal
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from pydantic import BaseModel, Field
 
+from labrun.plan import Plan, coverage, output_exists
 from labrun.resources import TEMPLATES
 from labrun.secrets import redact
 from labrun.usage import Usage
@@ -50,6 +51,8 @@ class Attempt(BaseModel):
     status: AttemptStatus = "RUNNING"
     command: str
     purpose: str = ""
+    run_id: str | None = None
+    """The planned run it serves (`labrun.plan`), if any."""
     exit_code: int | None = None
     duration_s: float | None = None
     error: str | None = None
@@ -112,6 +115,8 @@ class SessionState(BaseModel):
     attempts: list[Attempt] = Field(default_factory=list)
     file_digests: dict[str, str] = Field(default_factory=dict)
     """Last sha256 any finished phase recorded for each output file."""
+    plan: Plan = Field(default_factory=Plan)
+    """The run list, the evaluation criteria and their coverage (`labrun.plan`)."""
     branches: list[Branch] = Field(default_factory=list)
     """Empty until the first `labrun rerun`; then every branch, the current one last."""
 
@@ -159,9 +164,21 @@ _env = Environment(
 _env.filters["demote"] = _demote_headings
 
 
+def _cell(text: object) -> str:
+    """Text that fits in one cell of a markdown table."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+_env.filters["cell"] = _cell
+
+
 def render_state_md(state: SessionState, workspace: str) -> str:
+    plan = state.plan
     text = _env.get_template("STATE.md.j2").render(
         state=state,
+        plan=plan,
+        coverage=coverage(plan, state.attempts),
+        outputs=[(p, output_exists(Path(workspace), p), plan.deviation(p)) for p in plan.outputs],
         numbered=list(enumerate(state.phases, 1)),
         of_total="" if tuple(state.phases) == DEFAULT else f" of {len(state.phases)}",
         section_titles=section_titles(state.phases),

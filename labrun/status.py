@@ -8,6 +8,7 @@ from typing import Any
 
 from labrun.branches import rerun_pending, summaries
 from labrun.journal import phase_usage
+from labrun.plan import summary as plan_summary
 from labrun.session import changed_outputs
 from labrun.state import SessionState
 from labrun.usage import Usage
@@ -43,12 +44,13 @@ def session_status(root: Path) -> dict[str, Any]:
                  "sha256": state.idea_hash},
         "phases": phases,
         "attempts": [
-            {"n": a.n, "phase": a.phase, "status": a.status, "command": a.command,
+            {"n": a.n, "phase": a.phase, "status": a.status, "run_id": a.run_id, "command": a.command,
              "error": a.error, "fix_applied": a.fix_applied, "metrics": a.metrics,
              "outputs": a.outputs, "exit_code": a.exit_code, "duration_s": a.duration_s,
              "log": a.log, "branch": a.branch}
             for a in state.attempts
         ],
+        "plan": plan_summary(state.plan, state.attempts, ws.root),
         "usage": total.model_dump(),
         "branches": summaries(ws, state, total),
     }

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from labrun import prompts
-from labrun.phases import BY_KEY, PHASES, Files, SuccessfulAttempt
+from labrun.phases import BY_KEY, PHASES, Files, PlannedRunsDone, SuccessfulAttempt
 
 KEYS = [p.key for p in PHASES]
 
@@ -170,7 +170,7 @@ def test_completion_rule_matches_the_phase_table(key):
         assert f"`{section}`" in rule
     for name in files_of(phase):
         assert f"`{name}`" in rule
-    needs_success = any(isinstance(r, SuccessfulAttempt) for r in phase.done_when)
+    needs_success = any(isinstance(r, (SuccessfulAttempt, PlannedRunsDone)) for r in phase.done_when)
     assert ("succeeded" in rule) == needs_success
     if needs_success:
         assert "`run_experiment`" in rule
