@@ -91,6 +91,8 @@ class Plan(BaseModel):
     """What the analysis must produce."""
     deviations: list[Recorded] = Field(default_factory=list)
     negative_outcome: str | None = None
+    given_by: dict[str, str] = Field(default_factory=dict)
+    """Part (`run_list`, `analysis_outputs`, `negative_outcome`) → the phase that gave it."""
 
     @classmethod
     def for_criteria(cls, texts: Iterable[str] | None) -> "Plan":
@@ -110,6 +112,8 @@ class Plan(BaseModel):
         """A copy with this `complete_phase` call's parts applied: a run list and outputs
         replace the earlier ones, a verdict or deviation replaces one for the same item."""
         plan = self.model_copy(deep=True)
+        plan.given_by.update({k: phase for k in ("run_list", "analysis_outputs", "negative_outcome")
+                              if parts.get(k) is not None})
         if parts.get("run_list") is not None:
             plan.runs = [PlannedRun.model_validate(r) for r in parts["run_list"]]
         if parts.get("analysis_outputs") is not None:
@@ -126,6 +130,25 @@ class Plan(BaseModel):
             plan.deviations.append(Recorded(id=d.id, reason=d.reason, phase=phase))
         if parts.get("negative_outcome") is not None:
             plan.negative_outcome = parts["negative_outcome"].strip() or None
+        return plan
+
+
+    def forget(self, phases: Iterable[str]) -> "Plan":
+        """A copy without what `phases` gave (a rerun from a phase replaces them)."""
+        phases = set(phases)
+        plan = self.model_copy(deep=True)
+        dropped = {k for k, by in plan.given_by.items() if by in phases}
+        if "run_list" in dropped:
+            plan.runs = []
+        if "analysis_outputs" in dropped:
+            plan.outputs = []
+        if "negative_outcome" in dropped:
+            plan.negative_outcome = None
+        plan.given_by = {k: by for k, by in plan.given_by.items() if k not in dropped}
+        for c in plan.criteria:
+            if c.phase in phases:
+                c.status = c.note = c.phase = None
+        plan.deviations = [d for d in plan.deviations if d.phase not in phases]
         return plan
 
 

@@ -225,7 +225,7 @@ def digest(state: Any) -> str:
     plan = getattr(state, "plan", None)
     return _tidy(env.get_template("digest.md.j2").render(
         state=state, phase_number=numbers, handed_on=handed_on, plan=plan,
-        runs=coverage(plan, state.attempts)))
+        runs=coverage(plan, getattr(state, "live_attempts", lambda: state.attempts)())))
 
 
 def _status(record: Any) -> str:

@@ -242,7 +242,7 @@ class Session:
         parts = parts or {}
         background = self.idea.background
         refs = tuple(r.repo for r in background.code_references or ()) if background else ()
-        return Work(self.ws.root, sections, self.state.attempts, phase_key,
+        return Work(self.ws.root, sections, self.state.live_attempts(), phase_key,
                     self.state.plan.merged(parts, phase_key), parts, refs)
 
     def give_sections(self, phase_key: str, sections: dict[str, str],

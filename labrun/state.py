@@ -125,6 +125,18 @@ class SessionState(BaseModel):
         """The current branch's number (1 for a session that never reran)."""
         return self.branches[-1].n if self.branches else 1
 
+    def live_attempts(self) -> list[Attempt]:
+        """The attempts the current branch stands on: its own, and those of earlier branches
+        made in phases that no later branch ran again."""
+        order = list(self.phases)
+
+        def rerun_later(a: Attempt) -> bool:
+            return a.phase in order and any(
+                b.n > a.branch and b.from_phase in order and order.index(a.phase) >= order.index(b.from_phase)
+                for b in self.branches)
+
+        return [a for a in self.attempts if not rerun_later(a)]
+
     @property
     def active_phase(self) -> str | None:
         for key, record in self.phases.items():
@@ -177,7 +189,7 @@ def render_state_md(state: SessionState, workspace: str) -> str:
     text = _env.get_template("STATE.md.j2").render(
         state=state,
         plan=plan,
-        coverage=coverage(plan, state.attempts),
+        coverage=coverage(plan, state.live_attempts()),
         outputs=[(p, output_exists(Path(workspace), p), plan.deviation(p)) for p in plan.outputs],
         numbered=list(enumerate(state.phases, 1)),
         of_total="" if tuple(state.phases) == DEFAULT else f" of {len(state.phases)}",

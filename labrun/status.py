@@ -50,7 +50,7 @@ def session_status(root: Path) -> dict[str, Any]:
              "log": a.log, "branch": a.branch}
             for a in state.attempts
         ],
-        "plan": plan_summary(state.plan, state.attempts, ws.root),
+        "plan": plan_summary(state.plan, state.live_attempts(), ws.root),
         "usage": total.model_dump(),
         "branches": summaries(ws, state, total),
     }

@@ -225,7 +225,7 @@ class ToolBox:
                             f"({', '.join(runs)}); give a planned run's id, or none for a check that serves no run.")
         attempt = self.start_attempt(self.session, self.phase.key, inp)
         metrics = ", ".join(f"{k}={v}" for k, v in attempt.metrics.items()) or "none"
-        done = sum(r.state == "done" for r in coverage(self.session.state.plan, self.session.state.attempts))
+        done = sum(r.state == "done" for r in coverage(self.session.state.plan, self.session.state.live_attempts()))
         return "\n".join([
             f"Attempt {attempt.n}: {attempt.status}",
             *([f"Run: {attempt.run_id} (run list: {done} of {len(runs)} runs done)"] if attempt.run_id else []),

@@ -226,3 +226,20 @@ def test_status_json_shows_the_plan_and_each_attempts_run(session, prefect_api):
     text = labrun("status", str(session.ws.root))
     assert "run list: 1 of 3 done, 0 set aside, 2 open" in text.stdout
     assert "C3 Results reproducible from the fixed seed — not judged yet" in text.stdout
+
+
+def test_a_rerun_forgets_what_the_replaced_phases_gave():
+    from labrun.plan import Plan
+
+    plan = Plan.for_criteria(["a", "b"]).merged(
+        {"run_list": THREE_RUNS, "analysis_outputs": ["s.json"], "criteria": [{"id": "C2", "status": "unmet", "note": "n"}]},
+        "planning").merged(
+        {"criteria": [{"id": "C1", "status": "met", "note": "R1"}], "deviations": [{"id": "R3", "reason": "cut"}],
+         "negative_outcome": "x"}, "experiments")
+    again = plan.forget(["experiments", "analysis"])
+    assert again.run_ids() == ["R1", "R2", "R3"] and again.outputs == ["s.json"]
+    assert [(c.id, c.status) for c in again.criteria] == [("C1", None), ("C2", "unmet")]
+    assert again.deviations == [] and again.negative_outcome is None
+    fresh = plan.forget(["planning", "experiments"])
+    assert fresh.runs == [] and fresh.outputs == [] and [c.status for c in fresh.criteria] == [None, None]
+    assert [c.text for c in fresh.criteria] == ["a", "b"]
