@@ -108,7 +108,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _limits(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--budget-usd", type=float, default=None, help="session budget in USD")
+    p.add_argument("--budget-usd", type=float, default=None,
+                   help="the agent's own budget in USD (its model use; the idea's constraints.budget is the experiments')")
     p.add_argument("--max-turns", type=int, default=None, help="turn limit of every phase")
 
 
@@ -127,11 +128,13 @@ def cmd_check(args) -> int:
     for warning in idea.warnings:
         err.print(f"[yellow]warning:[/yellow] {args.idea}: {warning}")
     budget = f"${idea.budget_usd:g}" if idea.budget_usd is not None else "none"
+    agent_budget = f"${idea.agent_budget_usd:g}" if idea.agent_budget_usd is not None else "none (--budget-usd sets one)"
     from labrun.phases import PHASES
     from labrun.prompts import guidance_domain, layers
 
     console.print(f"{args.idea}: valid · {idea.title} · domain {idea.domain} "
-                  f"(guidance: {guidance_domain(idea.guidance_domain)}) · budget {budget}", markup=False)
+                  f"(guidance: {guidance_domain(idea.guidance_domain)}) · experiments' budget {budget} "
+                  f"· agent's budget {agent_budget}", markup=False)
     console.print("prompt layers of each phase: its own instructions, the general guidance, the domain's")
     for number, phase in enumerate(PHASES, 1):
         layout = layers(phase.key, idea.guidance_domain)
@@ -191,12 +194,20 @@ def print_status(report: dict) -> None:
                   f"cache write · ${u['cost_usd']:.4f}"
                   + (f" (${u['estimated_usd']:.4f} of it estimated: runs killed before their bill)"
                      if u.get("estimated_usd") else ""))
+    console.print(clock_text(s["clock"]), markup=False)
     console.print(f"next: {s['next_action']}")
 
 
 def _branch_line(b: dict) -> str:
     where = "the current branch" if b["current"] else f"kept in {b['archive']}"
     return f" · branch {b['n']} (from {b['from_phase']}; {where})"
+
+
+def clock_text(clock: dict) -> str:
+    """The clock and the two budgets, as STATE.md shows them."""
+    from labrun.state import render_clock
+
+    return render_clock(clock)
 
 
 def print_plan(plan: dict) -> None:

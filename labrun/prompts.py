@@ -30,6 +30,7 @@ from jinja2 import ChoiceLoader, Environment, FileSystemLoader, StrictUndefined,
 
 from labrun.phases import BY_KEY, DEFAULT, Phase
 from labrun.plan import coverage
+from labrun.state import add_clock_filters
 from labrun import resources
 from labrun.resources import TEMPLATES
 
@@ -55,6 +56,7 @@ def make_env(root: Path) -> Environment:
         autoescape=False,
     )
     env.tests["given"] = _given
+    add_clock_filters(env)
     return env
 
 
@@ -196,7 +198,7 @@ def system_prompt(phase_key: str, idea: dict, domain: str, digest: str,
 def phase_system_prompt(session: Any, phase_key: str) -> str:
     """The system prompt of one phase of `session`, with the STATE.md digest as it is now."""
     return system_prompt(phase_key, session.idea.as_prompt_dict(), session.idea.guidance_domain,
-                         digest(session.state), list(session.state.phases))
+                         digest(session.state, session.clock()), list(session.state.phases))
 
 
 def kickoff(phase_key: str, order: Sequence[str] = DEFAULT) -> str:
@@ -216,15 +218,15 @@ def nudge(phase_key: str, missing: str, order: Sequence[str] = DEFAULT) -> str:
         **_phase_vars(phase_key, order), missing=(missing or "").strip()))
 
 
-def digest(state: Any) -> str:
+def digest(state: Any, clock: dict[str, Any] | None = None) -> str:
     """A compact digest of STATE.md for the phase prompts: the state's phases are the
-    session's, in order."""
+    session's, in order; `clock` (`Session.clock`) is the time and money so far."""
     numbers = {k: n for n, k in enumerate(state.phases, 1)}
     handed_on = [(f, k) for k, r in state.phases.items() if _status(r) == "DONE"
                  for f in BY_KEY[k].hands_on] if state.phases else []
     plan = getattr(state, "plan", None)
     return _tidy(env.get_template("digest.md.j2").render(
-        state=state, phase_number=numbers, handed_on=handed_on, plan=plan,
+        state=state, phase_number=numbers, handed_on=handed_on, plan=plan, clock=clock,
         runs=coverage(plan, getattr(state, "live_attempts", lambda: state.attempts)())))
 
 

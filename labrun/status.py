@@ -10,7 +10,7 @@ from labrun.branches import rerun_pending, summaries
 from labrun.journal import phase_usage
 from labrun.plan import summary as plan_summary
 from labrun.session import changed_outputs
-from labrun.state import SessionState
+from labrun.state import SessionState, session_clock
 from labrun.usage import Usage
 from labrun.workspace import Workspace
 
@@ -39,6 +39,7 @@ def session_status(root: Path) -> dict[str, Any]:
             "active_phase": state.active_phase,
             "next_action": state.next_action(str(ws.root)),
             "branch": state.branch,
+            "clock": session_clock(state, total.cost_usd),
         },
         "idea": {"title": state.title, "path": state.idea_path, "domain": state.domain,
                  "sha256": state.idea_hash},

@@ -49,6 +49,11 @@ NEUTRAL_IDEA = {
 }
 
 
+CLOCK = {"elapsed_s": 1500, "time_limit_s": 3600, "agent_spent_usd": 1.5, "agent_budget_usd": 10,
+         "agent_budget_from": "--budget-usd", "experiments_spent_usd": 2.0, "experiments_reporting": 1,
+         "experiments_budget_usd": 50, "attempts": 3, "succeeded": 1, "failed": 1}
+
+
 def load_idea(name: str) -> dict:
     return yaml.safe_load((IDEAS / name).read_text())["idea"]
 
@@ -185,7 +190,7 @@ def test_no_other_phase_key_anywhere_in_template_text(key, domain):
     """With an idea and a digest that use no phase key, nothing in the rendered prompt may
     name another phase: not in headings, backticks, or plain words."""
     prompt = prompts.system_prompt(key, dict(NEUTRAL_IDEA, domain=domain), domain,
-                                   prompts.digest(neutral_state()))
+                                   prompts.digest(neutral_state(), CLOCK))
     # The digest may point to the files that finished phases handed on, by name and phase.
     handed_on = re.sub(r"^\*\*Handed on by earlier phases.*$", "", prompt, flags=re.M)
     assert other_keys_in(handed_on, key) == set()
