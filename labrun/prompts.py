@@ -248,6 +248,8 @@ def template_sources(phase_key: str, domain: str) -> str:
         "nudge.md.j2",
         "interrupted_tool.md.j2",
         "digest.md.j2",
+        "clock.md.j2",
+        "code_references.md.j2",
     ]
     parts = []
     for name in names:
