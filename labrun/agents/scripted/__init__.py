@@ -100,7 +100,8 @@ def _judged(system: str) -> list[tuple[str, str, str]]:
 
 
 def _title(system: str) -> str:
-    found = re.search(r"^\s*(?:\*\*)?Title(?:\*\*)?:\s*(.+)$", system, flags=re.M | re.I)
+    """The idea's title, from the prompt's `**Title:** ...` line (the markup in any form)."""
+    found = re.search(r"^\s*(?:\*\*)?Title(?::\*\*|\*\*:|:)\s*(.+)$", system, flags=re.M | re.I)
     return found.group(1).strip() if found else "the idea"
 
 
@@ -114,6 +115,13 @@ COMMAND = ("python3 src/experiment.py --seed 0 && python3 src/experiment.py --se
 ATTEMPT = {"command": COMMAND, "run_id": "R1", "purpose": "RMSE per k and the log-log slope, both noises, twice",
            "outputs": ["results/metrics.json", "results/rmse_by_k.csv", "results/rerun/rmse_by_k.csv"],
            "metrics_file": "results/metrics.json"}
+
+
+def _attempts(system: str) -> list[tuple[int, str]]:
+    """(number, status) of each experiment attempt, from the STATE digest in the prompt."""
+    found = re.findall(r"^- #(\d+) \**(FAILED|SUCCESS|INTERRUPTED|RUNNING)\**", system, flags=re.M)
+    return [(int(n), status) for n, status in found]
+
 
 # Each phase is a list of steps; step i answers the agent's (i+1)-th turn in that phase.
 Step = Callable[[ModelRequest], list[tuple[str, dict]]]
@@ -171,7 +179,7 @@ SCRIPT: dict[str, list[Step]] = {
         lambda r: [_call("bash", command="python3 src/analyze.py")],
         lambda r: [_call("str_replace_based_edit_tool", command="create", path="REPORT.md",
                          file_text=_docs.get_template("report.md.j2").render(
-                             title=_title(r.system), metrics=_metrics(r.messages),
+                             title=_title(r.system), metrics=_metrics(r.messages), attempts=_attempts(r.system),
                              supported=all(_metrics(r.messages)["slopes_within_tolerance"].values()),
                              criteria=_judged(r.system))),
                    _call("str_replace_based_edit_tool", command="create", path="README.md",
