@@ -214,6 +214,7 @@ def _record(session: Session, record: dict[str, Any]) -> None:
             state.phases[key] = PhaseRecord()
             for section in BY_KEY[key].sections:
                 state.sections.pop(section, None)
+        state.plan = state.plan.forget(record["replaced"])
         for f in record["created"]:
             state.file_digests.pop(f, None)
         state.file_digests.update(record["adopted"])

@@ -108,7 +108,14 @@ def _date_as_text(value: Any) -> Any:
     return value.isoformat() if isinstance(value, date) else value
 
 
+def _env_name(value: Any) -> Any:
+    if isinstance(value, str) and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+        raise ValueError(f"must be the name of an environment variable, such as OPENAI_API_KEY (got {_show(value)})")
+    return value
+
+
 Usd = Annotated[float, BeforeValidator(_parse_usd), Field(ge=0, allow_inf_nan=False)]
+EnvName = Annotated[str, BeforeValidator(_env_name)]
 Seconds = Annotated[int, BeforeValidator(_not_bool), Field(ge=60, le=86400)]
 Memory = Annotated[str, BeforeValidator(_memory_size)]
 
@@ -165,8 +172,13 @@ class Constraints(_Section):
     compute: Literal["cpu_only", "gpu_required", "multi_gpu", "tpu", "any"] | None = None
     time_limit: Seconds = 3600  # seconds; the schema's default
     memory: Memory | None = None
-    budget: Usd | None = None  # USD, whatever form the file wrote it in
+    budget: Usd | None = None  # USD, whatever form the file wrote it in: the experiments' money
     dependencies: list[str] | None = None
+    # labrun's own keys (NeuriCo's schema lets constraints carry more):
+    agent_budget: Usd | None = None
+    """The limit on the agent's own model use, in USD (`--budget-usd` overrides it)."""
+    api_keys: list[EnvName] | None = None
+    """Environment variables the experiments need (API keys, tokens), by name."""
 
 
 class ExpectedOutput(_Section):
@@ -235,6 +247,8 @@ class Idea(_Section):
 
     @property
     def budget_usd(self) -> float | None:
+        """The experiments' spending limit (`constraints.budget`): money for API calls and
+        paid compute that the runs make, not the agent's own model use."""
         return self.constraints.budget
 
     @property
@@ -249,6 +263,16 @@ class Idea(_Section):
 
         wanted = self.metadata.paper_style if self.metadata else None
         return wanted if wanted in style_names() else None
+
+    @property
+    def agent_budget_usd(self) -> float | None:
+        """The limit on the agent's own model use (`constraints.agent_budget`, labrun's)."""
+        return self.constraints.agent_budget
+
+    @property
+    def api_keys(self) -> list[str]:
+        """The environment variables the idea's experiments need (`constraints.api_keys`)."""
+        return list(self.constraints.api_keys or ())
 
     @property
     def guidance_domain(self) -> str:

@@ -29,6 +29,8 @@ from typing import Any, Sequence
 from jinja2 import ChoiceLoader, Environment, FileSystemLoader, StrictUndefined, TemplateNotFound
 
 from labrun.phases import BY_KEY, DEFAULT, Phase, section_titles
+from labrun.plan import coverage
+from labrun.state import add_clock_filters
 from labrun import resources
 from labrun.resources import TEMPLATES
 
@@ -54,6 +56,7 @@ def make_env(root: Path) -> Environment:
         autoescape=False,
     )
     env.tests["given"] = _given
+    add_clock_filters(env)
     return env
 
 
@@ -197,7 +200,7 @@ def phase_system_prompt(session: Any, phase_key: str) -> str:
     """The system prompt of one phase of `session`, with the STATE.md digest as it is now.
     Runs the phase's `setup` (which may put files in the workspace)."""
     return system_prompt(phase_key, session.idea.as_prompt_dict(), session.idea.guidance_domain,
-                         digest(session.state), list(session.state.phases),
+                         digest(session.state, session.clock()), list(session.state.phases),
                          template_context(session, BY_KEY[phase_key]))
 
 
@@ -229,16 +232,18 @@ def nudge(phase_key: str, missing: str, order: Sequence[str] = DEFAULT) -> str:
         **_phase_vars(phase_key, order), missing=(missing or "").strip()))
 
 
-def digest(state: Any) -> str:
+def digest(state: Any, clock: dict[str, Any] | None = None) -> str:
     """A compact digest of STATE.md for the phase prompts: the state's phases are the
-    session's, in order."""
+    session's, in order; `clock` (`Session.clock`) is the time and money so far."""
     numbers = {k: n for n, k in enumerate(state.phases, 1)}
     handed_on = [(f, k) for k, r in state.phases.items() if _status(r) == "DONE"
                  for f in BY_KEY[k].hands_on] if state.phases else []
     notes = [_handoff_note(k) for k, r in state.phases.items() if _status(r) == "DONE"] if state.phases else []
+    plan = getattr(state, "plan", None)
     return _tidy(env.get_template("digest.md.j2").render(
         state=state, phase_number=numbers, handed_on=handed_on, notes=[n for n in notes if n],
-        section_titles=section_titles(state.phases or DEFAULT)))
+        section_titles=section_titles(state.phases or DEFAULT), plan=plan, clock=clock,
+        runs=coverage(plan, getattr(state, "live_attempts", lambda: state.attempts)())))
 
 
 def _handoff_note(phase_key: str) -> str | None:
@@ -267,6 +272,8 @@ def template_sources(phase_key: str, domain: str) -> str:
         "nudge.md.j2",
         "interrupted_tool.md.j2",
         "digest.md.j2",
+        "clock.md.j2",
+        "code_references.md.j2",
     ]
     sources = [(phase_env, name) for name in names]
     for phase in BY_KEY.values():  # the digest holds the notes of the phases before this one

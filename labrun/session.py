@@ -13,8 +13,9 @@ from typing import Any, Iterable
 
 from labrun.commands import kill_group
 from labrun.idea import Idea, load_idea
-from labrun.state import Attempt, PhaseRecord, SessionState, StateStore
+from labrun.state import DEFAULT_TIME_LIMIT_S, Attempt, PhaseRecord, SessionState, StateStore, session_clock
 from labrun.journal import Conversation, phase_usage
+from labrun.plan import Plan
 from labrun.usage import Budget, Usage
 from labrun.workspace import Workspace, write_json
 from labrun.paper import DEFAULT_STYLE, load_style
@@ -25,7 +26,6 @@ IGNORED_DIRS = {".labrun", ".git", ".venv", "venv", "__pycache__", "node_modules
 SOURCE_SUFFIXES = {".py", ".sh", ".r", ".jl", ".js", ".ts", ".c", ".cc", ".cpp", ".h", ".hpp",
                    ".rs", ".go", ".java", ".lean", ".m", ".yaml", ".yml", ".toml", ".cfg",
                    ".ini", ".txt", ".ipynb", ".tex", ".bib", ".sty", ".cls"}
-DEFAULT_TIME_LIMIT_S = 3600
 
 
 class SessionMismatch(Exception):
@@ -125,6 +125,7 @@ class Session:
                 session = cls(ws, store, idea)
                 session._check_phases(keys if with_phases else None)
                 session._check_paper_style(paper_style)
+                session._migrate()
                 session._settle(agent, model, budget_usd, max_turns)
                 session.reconcile_after_crash()
             else:
@@ -139,14 +140,19 @@ class Session:
                     domain=idea.domain,
                     agent=agent or "scripted",
                     model=model,
-                    budget_usd=budget_usd if budget_usd is not None else idea.budget_usd,
+                    budget_usd=budget_usd if budget_usd is not None else idea.agent_budget_usd,
+                    budget_from=budget_source(budget_usd, idea),
+                    experiments_budget_usd=idea.budget_usd,
+                    time_limit_s=idea.constraints.time_limit,
                     max_turns=max_turns,
                     phases={k: PhaseRecord() for k in keys},
                     paper_style=(style or DEFAULT_STYLE) if "paper" in keys else None,
+                    plan=Plan.for_criteria(idea.evaluation_criteria),
                 )
                 store = StateStore(ws, state)
                 session = cls(ws, store, idea)
                 store.log(f"session created (agent {state.agent})")
+            session.store.start_clock()
         except BaseException:
             ws.unlock()
             raise
@@ -177,6 +183,26 @@ class Session:
             raise SessionMismatch(
                 f"{self.ws.root}: this session's paper style was fixed when it started "
                 f"({self.state.paper_style or 'none: it has no paper phase'}); use a new --workspace for another")
+    def _migrate(self) -> None:
+        """Bring a session started by an older labrun up to this one's state."""
+        state, idea = self.state, self.idea
+        plan = state.plan
+        if not plan.criteria and not plan.runs and idea.evaluation_criteria:
+            state.plan = Plan.for_criteria(idea.evaluation_criteria)
+        state.experiments_budget_usd = idea.budget_usd
+        state.time_limit_s = idea.constraints.time_limit
+        if state.budget_from is None:
+            # Before the two budgets, the idea's constraints.budget limited the agent's own spend.
+            if state.budget_usd is not None and state.budget_usd == idea.budget_usd:
+                state.budget_usd = idea.agent_budget_usd
+                state.budget_from = budget_source(None, idea)
+                limit = f"${state.budget_usd:.2f} ({state.budget_from})" if state.budget_usd is not None else "no limit"
+                self.store.event(
+                    f"budgets split: the idea's constraints.budget (${idea.budget_usd:.2f}) is now the "
+                    f"experiments' spending limit, no longer the agent's; the agent's own model use has "
+                    f"{limit} (set one with `labrun resume {self.ws.root} --budget-usd X`)")
+            else:
+                state.budget_from = "--budget-usd" if state.budget_usd is not None else "none"
 
     def _settle(self, agent: str | None, model: str | None, budget_usd: float | None,
                 max_turns: int | None) -> None:
@@ -189,6 +215,7 @@ class Session:
             self.state.model = model
         if budget_usd is not None:
             self.state.budget_usd = budget_usd
+            self.state.budget_from = "--budget-usd"
         self.store.save()
 
     def reconcile_after_crash(self) -> None:
@@ -214,6 +241,7 @@ class Session:
                 command=inp.command,
                 purpose=inp.purpose,
                 fix_applied=inp.fix_applied,
+                run_id=inp.run_id,
                 outputs=list(inp.outputs),
                 metrics_file=inp.metrics_file,
                 log=f".labrun/attempts/attempt-{n:03d}.log",
@@ -243,16 +271,26 @@ class Session:
 
     # -- phases ----------------------------------------------------------------------------
 
-    def work(self, phase_key: str, sections: dict[str, str]) -> Work:
-        """What a phase's completion rule is checked against."""
-        return Work(self.ws.root, sections, self.state.attempts, phase_key,
-                    self.ws.phase_dir(phase_key))
+    def work(self, phase_key: str, sections: dict[str, str], parts: dict[str, Any] | None = None) -> Work:
+        """What a phase's completion rule is checked against: `parts` are the structured
+        parts of its `complete_phase` call, applied to the session's plan."""
+        parts = parts or {}
+        background = self.idea.background
+        refs = tuple(r.repo for r in background.code_references or ()) if background else ()
+        return Work(self.ws.root, sections, self.state.live_attempts(), phase_key,
+                    log=self.ws.phase_dir(phase_key), plan=self.state.plan.merged(parts, phase_key),
+                    given=parts, code_references=refs)
 
-    def give_sections(self, phase_key: str, sections: dict[str, str]) -> None:
+    def give_sections(self, phase_key: str, sections: dict[str, str],
+                      parts: dict[str, Any] | None = None) -> None:
+        """Record what a phase's `complete_phase` gave: STATE sections and plan parts."""
         with self.store._lock:
             self.state.sections.update(sections)
             if sections:
                 self.store.event(f"{phase_key} gave sections: {', '.join(sections)}")
+            if parts:
+                self.state.plan = self.state.plan.merged(parts, phase_key)
+                self.store.event(f"{phase_key} gave {', '.join(parts)}")
             self.store.save()
 
     def manifest(self, phase_key: str) -> dict[str, Any] | None:
@@ -291,7 +329,20 @@ class Session:
         return total_usage(self.ws, self.state)
 
     def budget(self) -> Budget:
-        return Budget(self.state.budget_usd, self.usage(), str(self.ws.root))
+        """The agent's budget, checked before every model call; what it spends is noted in
+        the state as it goes (STATE.md and the next prompts show it)."""
+        budget = Budget(self.state.budget_usd, self.usage(), str(self.ws.root), on_spend=self._note_spend)
+        self._note_spend(budget.used)
+        return budget
+
+    def _note_spend(self, used: Usage) -> None:
+        with self.store._lock:
+            self.state.agent_spent_usd = used.cost_usd
+            self.store.save()
+
+    def clock(self) -> dict[str, Any]:
+        """Time and money so far, against the idea's limits and the agent's budget."""
+        return session_clock(self.state, self.usage().cost_usd)
 
     def max_turns(self, phase: Phase) -> int:
         return self.state.max_turns or phase.max_turns
@@ -300,6 +351,13 @@ class Session:
     def time_limit_s(self) -> int:
         constraints = self.idea.constraints
         return (constraints.time_limit if constraints and constraints.time_limit else None) or DEFAULT_TIME_LIMIT_S
+
+
+def budget_source(option: float | None, idea: Idea) -> str:
+    """Where a new session's agent budget comes from."""
+    if option is not None:
+        return "--budget-usd"
+    return "constraints.agent_budget" if idea.agent_budget_usd is not None else "none"
 
 
 def session_usage(ws: Workspace, keys) -> Usage:

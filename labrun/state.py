@@ -11,20 +11,24 @@ import logging
 import os
 import re
 import threading
+import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Any, Callable, Literal
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from pydantic import BaseModel, Field
 
+from labrun.plan import Plan, coverage, output_exists
 from labrun.resources import TEMPLATES
 from labrun.secrets import redact
-from labrun.usage import Usage
+from labrun.usage import Usage, reported_spend
 from labrun.workspace import Workspace, write_atomic
 from labrun.phases import DEFAULT, section_titles
 
 log = logging.getLogger("labrun")
+DEFAULT_TIME_LIMIT_S = 3600
+"""NeuriCo's schema's default `constraints.time_limit`."""
 PhaseStatus = Literal["pending", "IN PROGRESS", "DONE", "FAILED"]
 AttemptStatus = Literal["RUNNING", "FAILED", "SUCCESS", "INTERRUPTED"]
 STATE_SECTIONS = (
@@ -51,6 +55,8 @@ class Attempt(BaseModel):
     status: AttemptStatus = "RUNNING"
     command: str
     purpose: str = ""
+    run_id: str | None = None
+    """The planned run it serves (`labrun.plan`), if any."""
     exit_code: int | None = None
     duration_s: float | None = None
     error: str | None = None
@@ -109,6 +115,18 @@ class SessionState(BaseModel):
     agent: str
     model: str | None = None
     budget_usd: float | None = None
+    """The limit on the agent's own model use (`--budget-usd` or `constraints.agent_budget`)."""
+    budget_from: str | None = None
+    """Where `budget_usd` came from: `--budget-usd`, `constraints.agent_budget` or `none`
+    (unset: a session from before the two budgets, migrated when it is opened)."""
+    agent_spent_usd: float = 0.0
+    """The agent's model use so far, in USD, as of the last reply."""
+    experiments_budget_usd: float | None = None
+    """The idea's `constraints.budget`: what the experiments may spend."""
+    time_limit_s: int | None = None
+    """The idea's `constraints.time_limit`."""
+    elapsed_s: float = 0.0
+    """Time the engine has spent on this session, across all its runs."""
     max_turns: int | None = None
     """Overrides every phase's turn limit when set."""
     paper_style: str | None = None
@@ -123,6 +141,8 @@ class SessionState(BaseModel):
     attempts: list[Attempt] = Field(default_factory=list)
     file_digests: dict[str, str] = Field(default_factory=dict)
     """Last sha256 any finished phase recorded for each output file."""
+    plan: Plan = Field(default_factory=Plan)
+    """The run list, the evaluation criteria and their coverage (`labrun.plan`)."""
     last_run: FlowRunRecord | None = None
     branches: list[Branch] = Field(default_factory=list)
     """Empty until the first `labrun rerun`; then every branch, the current one last."""
@@ -131,6 +151,18 @@ class SessionState(BaseModel):
     def branch(self) -> int:
         """The current branch's number (1 for a session that never reran)."""
         return self.branches[-1].n if self.branches else 1
+
+    def live_attempts(self) -> list[Attempt]:
+        """The attempts the current branch stands on: its own, and those of earlier branches
+        made in phases that no later branch ran again."""
+        order = list(self.phases)
+
+        def rerun_later(a: Attempt) -> bool:
+            return a.phase in order and any(
+                b.n > a.branch and b.from_phase in order and order.index(a.phase) >= order.index(b.from_phase)
+                for b in self.branches)
+
+        return [a for a in self.attempts if not rerun_later(a)]
 
     @property
     def active_phase(self) -> str | None:
@@ -177,13 +209,63 @@ _env = Environment(
 _env.filters["demote"] = _demote_headings
 
 
+def duration(seconds: float) -> str:
+    """`42 s`, `12 min`, `2 h 05 min`: a span of time as a person reads it."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes = seconds // 60
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def usd(amount: float) -> str:
+    return f"${amount:,.2f}"
+
+
+def add_clock_filters(env: Environment) -> None:
+    env.filters["duration"] = duration
+    env.filters["usd"] = usd
+
+
+def session_clock(state: SessionState, agent_spent_usd: float | None = None) -> dict[str, Any]:
+    """Time and money so far against the limits (`templates/clock.md.j2`); the agent's
+    spend as last noted unless given exactly."""
+    spent, reporting = reported_spend(state.attempts)
+    statuses = [a.status for a in state.live_attempts()]
+    return {"elapsed_s": state.elapsed_s, "time_limit_s": state.time_limit_s or DEFAULT_TIME_LIMIT_S,
+            "agent_spent_usd": state.agent_spent_usd if agent_spent_usd is None else agent_spent_usd,
+            "agent_budget_usd": state.budget_usd, "agent_budget_from": state.budget_from,
+            "experiments_spent_usd": spent, "experiments_reporting": reporting,
+            "experiments_budget_usd": state.experiments_budget_usd,
+            "attempts": len(statuses), "succeeded": statuses.count("SUCCESS"), "failed": statuses.count("FAILED")}
+
+
+def render_clock(clock: dict[str, Any]) -> str:
+    """The clock's lines (`templates/clock.md.j2`) as plain text."""
+    return _env.get_template("clock.md.j2").render(clock=clock, bullet="").strip()
+
+
+def _cell(text: object) -> str:
+    """Text that fits in one cell of a markdown table."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+_env.filters["cell"] = _cell
+add_clock_filters(_env)
+
+
 def render_state_md(state: SessionState, workspace: str) -> str:
+    plan = state.plan
     text = _env.get_template("STATE.md.j2").render(
         state=state,
+        plan=plan,
+        coverage=coverage(plan, state.live_attempts()),
+        outputs=[(p, output_exists(Path(workspace), p), plan.deviation(p)) for p in plan.outputs],
         numbered=list(enumerate(state.phases, 1)),
         of_total="" if tuple(state.phases) == DEFAULT else f" of {len(state.phases)}",
         section_titles=section_titles(state.phases),
         next_action=state.next_action(workspace),
+        clock=session_clock(state),
     )
     return redact(text)
 
@@ -253,6 +335,11 @@ class StateStore:
         self.state = state
         self.listeners: list[Callable[[SessionState], None]] = []
         self._lock = threading.RLock()
+        self._clock: tuple[float, float] | None = None
+
+    def start_clock(self) -> None:
+        """From now on every save adds the time this engine has run to `elapsed_s`."""
+        self._clock = (self.state.elapsed_s, time.monotonic())
 
     @classmethod
     def load(cls, ws: Workspace) -> "StateStore":
@@ -264,6 +351,8 @@ class StateStore:
 
     def save(self) -> None:
         with self._lock:
+            if self._clock is not None:
+                self.state.elapsed_s = round(self._clock[0] + time.monotonic() - self._clock[1], 1)
             _keep_previous(self.ws.state_file)
             write_atomic(self.ws.state_file, redact(self.state.model_dump_json(indent=2)))
             write_atomic(self.ws.state_md, render_state_md(self.state, str(self.ws.root)))

@@ -8,8 +8,9 @@ from typing import Any
 
 from labrun.branches import rerun_pending, summaries
 from labrun.journal import phase_usage
+from labrun.plan import summary as plan_summary
 from labrun.session import changed_outputs
-from labrun.state import load_state
+from labrun.state import load_state, session_clock
 from labrun.usage import Usage
 from labrun.workspace import Workspace
 
@@ -35,17 +36,19 @@ def session_status(root: Path) -> dict[str, Any]:
             "active_phase": state.active_phase,
             "next_action": state.next_action(str(ws.root)),
             "branch": state.branch,
+            "clock": session_clock(state, total.cost_usd),
         },
         "idea": {"title": state.title, "path": state.idea_path, "domain": state.domain,
                  "sha256": state.idea_hash},
         "phases": phases,
         "attempts": [
-            {"n": a.n, "phase": a.phase, "status": a.status, "command": a.command,
+            {"n": a.n, "phase": a.phase, "status": a.status, "run_id": a.run_id, "command": a.command,
              "error": a.error, "fix_applied": a.fix_applied, "metrics": a.metrics,
              "outputs": a.outputs, "exit_code": a.exit_code, "duration_s": a.duration_s,
              "log": a.log, "branch": a.branch}
             for a in state.attempts
         ],
+        "plan": plan_summary(state.plan, state.live_attempts(), ws.root),
         "usage": total.model_dump(),
         "notes": [note] if note else [],
         "branches": summaries(ws, state, total),

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal
 from pydantic import BaseModel, Field, ValidationError, create_model
 
 from labrun.commands import run_command
+from labrun.plan import PLAN_FIELDS, coverage
 from labrun.resources import TEMPLATES
 from labrun.secrets import redact
 from labrun.phases import Phase, section_titles
@@ -36,6 +37,7 @@ class RunExperimentInput(BaseModel):
     outputs: list[str] = Field(default_factory=list, description="Files the run must produce.")
     metrics_file: str | None = Field(default=None, description="JSON file of metrics it writes.")
     fix_applied: str | None = Field(default=None, description="After a failure: what you changed.")
+    run_id: str | None = Field(default=None, description="The id of the planned run this attempt serves (R1, …).")
 
 
 def complete_phase_input(phases: Iterable[str] | None = None) -> type[BaseModel]:
@@ -51,6 +53,7 @@ def _complete_phase_input(section_keys: tuple[str, ...]) -> type[BaseModel]:
         "CompletePhaseInput",
         summary=(str, Field(description="What this phase achieved, in a few sentences.")),
         sections=(sections, Field(default_factory=sections, description="STATE.md sections (markdown).")),
+        **PLAN_FIELDS,
     )
 
 
@@ -217,10 +220,16 @@ class ToolBox:
         return shown or f"{rel} is empty"
 
     def run_experiment(self, inp: RunExperimentInput) -> str:
+        runs = self.session.state.plan.run_ids()
+        if inp.run_id is not None and runs and inp.run_id not in runs:
+            raise ToolError(f"Refused, not run: run_id {inp.run_id} is not in the run list "
+                            f"({', '.join(runs)}); give a planned run's id, or none for a check that serves no run.")
         attempt = self.start_attempt(self.session, self.phase.key, inp)
         metrics = ", ".join(f"{k}={v}" for k, v in attempt.metrics.items()) or "none"
+        done = sum(r.state == "done" for r in coverage(self.session.state.plan, self.session.state.live_attempts()))
         return "\n".join([
             f"Attempt {attempt.n}: {attempt.status}",
+            *([f"Run: {attempt.run_id} (run list: {done} of {len(runs)} runs done)"] if attempt.run_id else []),
             f"Exit code: {attempt.exit_code}",
             f"Duration: {attempt.duration_s:.1f} s" if attempt.duration_s is not None else "Duration: —",
             f"Error: {attempt.error or 'none'}",
@@ -231,20 +240,28 @@ class ToolBox:
             attempt_tail(self.root / attempt.log),
         ])
 
-    def missing(self, sections: dict[str, str] | None = None) -> list[str]:
-        """What the phase's completion rule still lacks (sections: those given so far)."""
+    def missing(self, sections: dict[str, str] | None = None,
+                parts: dict[str, Any] | None = None) -> list[str]:
+        """What the phase's completion rule still lacks (sections: those given so far;
+        parts: the structured parts of a `complete_phase` call)."""
         given = self.session.state.sections if sections is None else sections
-        return self.phase.missing(self.session.work(self.phase.key, given))
+        return self.phase.missing(self.session.work(self.phase.key, given, parts or {}))
 
     def complete_phase(self, inp: BaseModel) -> str:
         given = {k: v for k, v in inp.sections.model_dump().items() if v and v.strip()}
-        missing = self.missing(given)
+        parts = inp.model_dump(include=set(PLAN_FIELDS), exclude_none=True)
+        unread = [k for k in parts if k not in self.phase.fields]
+        if unread:
+            takes = ", ".join(self.phase.fields) or "none of them"
+            raise ToolError(f"The {self.phase.key} phase does not take {', '.join(unread)} (it takes: "
+                            f"{takes}); leave {'it' if len(unread) == 1 else 'them'} out and call complete_phase again.")
+        missing = self.missing(given, parts)
         if missing:
             raise ToolError(
                 f"The {self.phase.key} phase is not complete yet; missing: {'; '.join(missing)}. "
                 "Provide them and call complete_phase again."
             )
-        self.session.give_sections(self.phase.key, given)
+        self.session.give_sections(self.phase.key, given, parts)
         self.completed = inp.summary
         titles = ", ".join(section_titles()[k] for k in given) or "no sections"
         return f"Phase {self.phase.key} complete ({titles} recorded)."

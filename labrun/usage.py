@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any, Callable, Sequence
 
 from pydantic import BaseModel
 
@@ -56,12 +57,14 @@ class BudgetSpent(Exception):
 
 
 class Budget:
-    """The session's spending limit in USD, checked before every model call."""
+    """The agent's spending limit in USD (its own model use), checked before every model call."""
 
-    def __init__(self, limit_usd: float | None, used: Usage, workspace: str):
+    def __init__(self, limit_usd: float | None, used: Usage, workspace: str,
+                 on_spend: Callable[[Usage], None] | None = None):
         self.limit_usd = limit_usd
         self.used = used
         self.workspace = workspace
+        self.on_spend = on_spend
 
     def check(self) -> None:
         # A zero budget still allows calls that cost nothing (the scripted agent's).
@@ -69,10 +72,25 @@ class Budget:
             self.limit_usd == 0 and self.used.cost_usd > 0
         ):
             raise BudgetSpent(
-                f"the session budget of ${self.limit_usd:.2f} is spent (${self.used.cost_usd:.2f} "
+                f"the agent's budget of ${self.limit_usd:.2f} is spent (${self.used.cost_usd:.2f} "
                 f"used); raise it with `labrun resume {self.workspace} --budget-usd "
                 f"{max(self.limit_usd * 2, 1):.0f}`"
             )
 
     def spend(self, usage: Usage) -> None:
         self.used = self.used + usage
+        if self.on_spend is not None:
+            self.on_spend(self.used)
+
+
+SPEND_METRIC = "cost_usd"
+"""The metric in which an experiment reports the money it spent (API calls, paid compute)."""
+
+
+def reported_spend(attempts: Sequence[Any]) -> tuple[float, int]:
+    """What the experiments say they spent: the sum of the `cost_usd` metric over every
+    attempt that reports it, and how many do. Money a run spent without saying so is not
+    in it."""
+    values = [a.metrics[SPEND_METRIC] for a in attempts
+              if isinstance(a.metrics.get(SPEND_METRIC), (int, float)) and not isinstance(a.metrics[SPEND_METRIC], bool)]
+    return round(sum(values), 6), len(values)

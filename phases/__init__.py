@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from labrun import paper
-from labrun.phases.rules import (CitesFetchedSource, Compiled, Files, LatexPaper, Rule, Sections,
-                                 SuccessfulAttempt, TraceableNumbers, Work)
+from labrun.phases.rules import (CitesFetchedSource, Compiled, CriteriaJudged, Files, LatexPaper,
+                                 NamesCodeReferences, PlannedOutputs, PlannedRunsDone, Rule, RunList,
+                                 SaysWhatFailed, Sections, SuccessfulAttempt, TraceableNumbers, Work)
 from labrun.resources import TEMPLATES
 
 if TYPE_CHECKING:
@@ -28,7 +29,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Phase", "register", "phase_list", "BY_KEY", "PHASES", "DEFAULT", "SECTION_TITLES",
            "Files", "Sections", "SuccessfulAttempt", "CitesFetchedSource", "LatexPaper",
-           "TraceableNumbers", "Compiled", "Rule", "Work"]
+           "TraceableNumbers", "Compiled", "RunList", "PlannedRunsDone", "CriteriaJudged",
+           "PlannedOutputs", "SaysWhatFailed", "NamesCodeReferences", "Rule", "Work"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,11 @@ class Phase:
     def sections(self) -> tuple[str, ...]:
         """The STATE.md sections this phase gives through `complete_phase`."""
         return tuple(k for r in self.done_when if isinstance(r, Sections) for k in r.titles)
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The structured parts of `complete_phase` this phase takes (its rule reads them)."""
+        return tuple(dict.fromkeys(f for rule in self.done_when for f in rule.fields))
 
     def missing(self, work: Work) -> list[str]:
         """What the completion rule still lacks, one item each; [] when it holds."""
@@ -101,18 +108,22 @@ def phase_list(chosen: Iterable[str] = ()) -> tuple[str, ...]:
 
 for _phase in (
     Phase("planning", "Planning", "motivation, research question, plan",
-          (Files("planning.md"), Sections(research_specification="Research Specification")),
+          (Files("planning.md"), Sections(research_specification="Research Specification"),
+           RunList()),
           max_turns=30, hands_on=("planning.md",)),
     Phase("setup", "Setup", "isolated environment, data loaded and checked",
-          (Sections(files_and_resources="Files and Resources", workflow="Workflow"),)),
+          (Sections(files_and_resources="Files and Resources", workflow="Workflow"),
+           NamesCodeReferences("files_and_resources"))),
     Phase("implementation", "Implementation", "code for baselines, method and evaluation",
           (Sections(experiment_design="Experiment Design"),), max_turns=60),
     Phase("experiments", "Experiments", "run the experiments, one attempt at a time",
-          (SuccessfulAttempt(), Sections(experiment_results="Experiment Results")), max_turns=60),
+          (PlannedRunsDone(), CriteriaJudged(), Sections(experiment_results="Experiment Results")),
+          max_turns=60),
     Phase("analysis", "Analysis", "statistics, comparisons, figures",
-          (Sections(learnings="Learnings"),)),
+          (PlannedOutputs(), Sections(learnings="Learnings"))),
     Phase("documentation", "Documentation", "final write-up",
-          (Files("REPORT.md", "README.md"),), max_turns=30, hands_on=("REPORT.md",)),
+          (Files("REPORT.md", "README.md"), SaysWhatFailed("REPORT.md")), max_turns=30,
+          hands_on=("REPORT.md",)),
 ):
     register(_phase)
 

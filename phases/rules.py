@@ -8,11 +8,17 @@ itself in words for the prompts. A phase needing something new declares a new pa
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, Sequence
+from typing import Any, ClassVar, Mapping, Protocol, Sequence
 
 from labrun import latex, toollog
+from labrun.plan import Plan, coverage, normal_path, output_exists
+
+HONEST_EFFORT = 3
+"""Attempts of the experiments phase that did not succeed before it may close as a negative
+outcome."""
 
 
 @dataclass(frozen=True)
@@ -28,12 +34,22 @@ class Work:
     """The key of the phase asking."""
     log: Path | None = None
     """The phase's folder of journals: its tool log."""
+    plan: Plan = field(default_factory=Plan)
+    """The session's plan with this call's parts applied (`labrun.plan`)."""
+    given: Mapping[str, Any] = field(default_factory=dict)
+    """The structured parts of this `complete_phase` call (run_list, deviations, …)."""
+    code_references: tuple[str, ...] = ()
+    """The repositories the idea's `background.code_references` name."""
 
     def own_attempts(self) -> list[Any]:
         return [a for a in self.attempts if a.phase == self.phase]
 
 
 class Rule(Protocol):
+    fields: ClassVar[tuple[str, ...]]
+    """The structured parts of `complete_phase` this part reads (none for most); a phase
+    takes only the parts its rule reads."""
+
     def missing(self, work: Work) -> list[str]: ...
 
     def describe(self) -> str: ...
@@ -44,6 +60,7 @@ class Files:
     """Workspace files that must exist."""
 
     paths: tuple[str, ...]
+    fields: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, *paths: str):
         object.__setattr__(self, "paths", paths)
@@ -60,6 +77,7 @@ class Sections:
     """STATE.md sections that `complete_phase` must give, key → title."""
 
     titles: dict[str, str]
+    fields: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, **titles: str):
         object.__setattr__(self, "titles", titles)
@@ -78,6 +96,8 @@ class Sections:
 class SuccessfulAttempt:
     """At least one experiment attempt succeeded."""
 
+    fields: ClassVar[tuple[str, ...]] = ()
+
     def missing(self, work: Work) -> list[str]:
         if any(a.status == "SUCCESS" for a in work.attempts):
             return []
@@ -94,6 +114,7 @@ class CitesFetchedSource:
 
     files: tuple[str, ...]
     section: str
+    fields: ClassVar[tuple[str, ...]] = ()
     MARKER: ClassVar[str] = "No source could be fetched:"
 
     def missing(self, work: Work) -> list[str]:
@@ -121,6 +142,7 @@ class LatexPaper:
 
     main: str
     bib: str
+    fields: ClassVar[tuple[str, ...]] = ()
 
     def missing(self, work: Work) -> list[str]:
         main = work.root / self.main
@@ -164,6 +186,7 @@ class TraceableNumbers:
 
     folder: str
     results: str = "results"
+    fields: ClassVar[tuple[str, ...]] = ()
     IDEA: ClassVar[str] = ".labrun/idea.yaml"
 
     def missing(self, work: Work) -> list[str]:
@@ -197,6 +220,7 @@ class Compiled:
 
     main: str
     section: str
+    fields: ClassVar[tuple[str, ...]] = ()
 
     def missing(self, work: Work) -> list[str]:
         if latex.toolchain() is None:
@@ -220,3 +244,185 @@ class Compiled:
                     "installed here)")
         return (f"the last `latexmk` run of `{self.main}` through `run_experiment` succeeded, "
                 "after the paper's last edit")
+
+
+def _clip(text: str, limit: int = 60) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _unknown_verdicts(work: Work) -> list[str]:
+    known = work.plan.criterion_ids()
+    return [f"criteria: {v.id} is not one of the idea's evaluation criteria ({', '.join(known) or 'it has none'})"
+            for v in _given(work, "criteria") if v.id not in known]
+
+
+def _given(work: Work, name: str) -> list[Any]:
+    from labrun.plan import CriterionVerdict, Deviation
+
+    kind = {"criteria": CriterionVerdict, "deviations": Deviation}[name]
+    return [kind.model_validate(x) for x in work.given.get(name) or ()]
+
+
+@dataclass(frozen=True)
+class RunList:
+    """Planning's run list: runs with unique ids, each naming the evaluation criteria it
+    serves; every criterion served by a run or stated unmet with the reason; and the files
+    the analysis must produce."""
+
+    fields: ClassVar[tuple[str, ...]] = ("run_list", "analysis_outputs", "criteria")
+
+    def missing(self, work: Work) -> list[str]:
+        plan, found = work.plan, _unknown_verdicts(work)
+        if not plan.runs:
+            found.append("a run_list (each run with its id, purpose, conditions, seeds and the criteria it serves)")
+        ids = plan.run_ids()
+        found += [f"run_list: the id {i} is given twice; ids must be unique" for i in sorted(set(ids)) if ids.count(i) > 1]
+        known = plan.criterion_ids()
+        for run in plan.runs:
+            found += [f"run_list: run {run.id} serves {c}, which is not one of the idea's evaluation criteria "
+                      f"({', '.join(known) or 'it has none'})" for c in run.criteria if c not in known]
+        found += [f"criteria: {v.id} cannot be met before anything has run; in planning give only the unmet ones"
+                  for v in _given(work, "criteria") if v.status == "met"]
+        for c in plan.criteria:
+            if c.status != "unmet" and not any(c.id in r.criteria for r in plan.runs):
+                found.append(f"criterion {c.id} (\"{_clip(c.text)}\") served by a run of the run_list, "
+                             "or given in criteria as unmet with the reason")
+        if not plan.outputs:
+            found.append("analysis_outputs (the figures and the summary file the analysis must produce)")
+        found += [f"analysis_outputs: {p} must be a path inside the workspace" for p in plan.outputs
+                  if p.startswith("/") or ".." in Path(p).parts]
+        return found
+
+    def describe(self) -> str:
+        return ("the `run_list` is given (every run with its id, purpose, conditions, seeds and the "
+                "evaluation criteria it serves; each criterion served by a run or stated unmet) with "
+                "the `analysis_outputs`")
+
+
+@dataclass(frozen=True)
+class PlannedRunsDone:
+    """Every planned run has a SUCCESS attempt that names it, or a deviation with its reason;
+    or, after an honest effort, the phase closes as a documented negative outcome. Without a
+    run list (a session planned before run lists), one SUCCESS attempt."""
+
+    fields: ClassVar[tuple[str, ...]] = ("deviations", "negative_outcome")
+    honest_effort: int = HONEST_EFFORT
+
+    def missing(self, work: Work) -> list[str]:
+        plan = work.plan
+        ids = plan.run_ids()
+        found = [f"deviations: {d.id} is not a run of the run list ({', '.join(ids) or 'it is empty'})"
+                 for d in _given(work, "deviations") if d.id not in ids]
+        if plan.negative_outcome:
+            tried = [a for a in work.own_attempts() if a.status in ("FAILED", "INTERRUPTED")]
+            if len(tried) < self.honest_effort:
+                found.append(f"an honest effort before a negative outcome: at least {self.honest_effort} "
+                             f"failed attempts in this phase, each with its fix ({len(tried)} so far)")
+            return found
+        if not plan.runs:
+            if not any(a.status == "SUCCESS" for a in work.attempts):
+                found.append("a run_experiment attempt with status SUCCESS")
+            return found
+        for run in coverage(plan, work.attempts):
+            if run.state == "open":
+                found.append(f"run {run.run.id} (\"{_clip(run.run.purpose)}\"): a SUCCESS attempt with "
+                             f"run_id {run.run.id}, or a deviation with the reason")
+        return found
+
+    def describe(self) -> str:
+        return ("every run of the run list has a `run_experiment` attempt with its `run_id` that "
+                "succeeded, or a deviation with the reason (or, after at least "
+                f"{self.honest_effort} failed attempts, the phase closes with a `negative_outcome`)")
+
+
+@dataclass(frozen=True)
+class CriteriaJudged:
+    """Every evaluation criterion of the idea is met or unmet, with a note; met only when a
+    run that serves it has a SUCCESS attempt."""
+
+    fields: ClassVar[tuple[str, ...]] = ("criteria",)
+
+    def missing(self, work: Work) -> list[str]:
+        plan, found = work.plan, _unknown_verdicts(work)
+        done = {r.run.id for r in coverage(plan, work.attempts) if r.state == "done"}
+        for c in plan.criteria:
+            serving = [r.id for r in plan.runs if c.id in r.criteria]
+            if c.status is None:
+                found.append(f"a verdict on criterion {c.id} (\"{_clip(c.text)}\") in criteria: met or unmet, with a note")
+            elif c.status == "met" and not done & set(serving):
+                found.append(f"criteria: {c.id} is met only when a run that serves it "
+                             f"({', '.join(serving) or 'none does'}) has a SUCCESS attempt; otherwise it is unmet")
+        return found
+
+    def describe(self) -> str:
+        return "every evaluation criterion of the idea is judged met or unmet in `criteria`, with a note"
+
+
+@dataclass(frozen=True)
+class PlannedOutputs:
+    """Each file the plan's `analysis_outputs` name exists (and is not empty), or a deviation
+    says why not."""
+
+    fields: ClassVar[tuple[str, ...]] = ("deviations",)
+
+    def missing(self, work: Work) -> list[str]:
+        plan = work.plan
+        found = [f"deviations: {d.id} is not one of the planned analysis_outputs ({', '.join(plan.outputs) or 'none'})"
+                 for d in _given(work, "deviations") if normal_path(d.id) not in plan.outputs]
+        found += [f"file {p} (planned in analysis_outputs), or a deviation with the reason"
+                  for p in plan.outputs if not output_exists(work.root, p) and plan.deviation(p) is None]
+        return found
+
+    def describe(self) -> str:
+        return "every file the plan's `analysis_outputs` name exists, or a deviation says why not"
+
+
+@dataclass(frozen=True)
+class SaysWhatFailed:
+    """After a negative outcome, the report has a section on what failed and why."""
+
+    path: str
+    fields: ClassVar[tuple[str, ...]] = ()
+    HEADING: ClassVar[re.Pattern[str]] = re.compile(r"^#{1,6}\s*what failed", re.I | re.M)
+
+    def missing(self, work: Work) -> list[str]:
+        if not work.plan.negative_outcome:
+            return []
+        file = work.root / self.path
+        if file.is_file() and self.HEADING.search(file.read_text(errors="replace")):
+            return []
+        return [f"a section of {self.path} headed \"What failed and why\" (the experiments closed as a negative outcome)"]
+
+    def describe(self) -> str:
+        return (f"after a negative outcome, `{self.path}` has a section headed \"What failed and "
+                "why\"")
+
+
+@dataclass(frozen=True)
+class NamesCodeReferences:
+    """Each repository of the idea's code references is named in a section: where it was
+    cloned and at which commit, or why it could not be."""
+
+    section: str
+    fields: ClassVar[tuple[str, ...]] = ()
+
+    def missing(self, work: Work) -> list[str]:
+        text = work.sections.get(self.section) or ""
+        return [f"the idea's code reference {ref} in section {self.section} (its path and commit, "
+                "or why it could not be cloned)" for ref in work.code_references
+                if not any(name in text for name in _names_of(ref))]
+
+    def describe(self) -> str:
+        return (f"every repository of the idea's `code_references` (if any) is named in `{self.section}` "
+                "with where it was cloned and its commit, or why it could not be")
+
+
+def _names_of(repo: str) -> set[str]:
+    """How a text may name a repository: as given, without scheme or `.git`, or as owner/name."""
+    bare = re.sub(r"^[a-z+]+://", "", repo.strip()).removesuffix("/").removesuffix(".git")
+    parts = [p for p in re.split(r"[/:]", bare) if p]
+    names = {repo.strip(), bare}
+    if len(parts) >= 2:
+        names.add("/".join(parts[-2:]))
+    return {n for n in names if n}

@@ -88,6 +88,8 @@ SOURCE_TEXT = "The RMSE of the mean of k independent draws with standard deviati
 PAPER_COMPILE = "latexmk -pdf -interaction=nonstopmode -halt-on-error -file-line-error -cd paper/main.tex"
 PAPER_LOOK = ("cat results/metrics.json; echo; cat literature_review.md 2>/dev/null; grep input paper/main.tex; "
               "command -v latexmk pdflatex || echo NO TEX")
+RUN = {"id": "R1", "purpose": "RMSE per k and the fitted log-log slope", "conditions": "sigma 0.5, "
+       "k = 1..64, 400 trials per k", "seeds": [0], "criteria": []}
 
 
 def phase_and_turn(body: dict[str, Any]) -> tuple[str, int]:
@@ -217,7 +219,7 @@ class AutoResearcher:
             "complete_phase", summary="Plan written to planning.md.", sections={
                 "research_specification": "Question: does RMSE of a k-sample mean fall as 1/sqrt(k)?\n"
                 "Hypothesis: log-log slope -0.5 +/- 0.05.\nMethod: Monte Carlo, k = 1..64, 400 trials, "
-                "seed 0; see planning.md."})]
+                "seed 0; see planning.md."}, run_list=[RUN], analysis_outputs=["results/summary.json"])]
 
     def setup(self, body, turn):
         if turn == 1:
@@ -256,13 +258,14 @@ class AutoResearcher:
         if self.slow_experiment_s and not cut_off:
             command = f"sleep {self.slow_experiment_s:g} && {COMMAND}"
         say = "The last run was cut off; running it again." if cut_off else "Running the experiment."
-        return say, [_call("run_experiment", command=command, purpose="RMSE per k and the log-log slope",
+        return say, [_call("run_experiment", command=command, purpose="RMSE per k and the log-log slope", run_id="R1",
                            outputs=["results/metrics.json", "results/rmse_by_k.json"],
                            metrics_file="results/metrics.json")]
 
     def analysis(self, body, turn):
         if turn == 1:
-            return "Reading the metrics.", [_call("bash", command="cat results/metrics.json")]
+            return "Reading the metrics.", [_call(
+                "bash", command="cp results/metrics.json results/summary.json && cat results/summary.json")]
         metrics = _last_json(tool_results(body))
         return "Comparing with theory.", [_call(
             "complete_phase", summary="Slope compared with theory.", sections={

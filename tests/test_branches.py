@@ -207,6 +207,9 @@ def test_a_rerun_from_experiments_sees_the_failed_attempt_of_the_earlier_branch(
     assert ("run_experiment refused: attempt 1 (branch 1) already ran this command on these same "
             "source files and failed") in worklog
     assert report["attempts"][2]["fix_applied"]
+    # The run list counts branch 2's own attempt: branch 1's were made in a phase it reran.
+    assert [(r["id"], r["succeeded"], r["attempts"]) for r in report["plan"]["runs"]] == [("R1", [3], [3])]
+    assert all(c["status"] == "met" for c in report["plan"]["criteria"])
     # The archive holds the code as it stood when the rerun began; branch 2 fixed it again.
     assert BUG in (ws / ".labrun/branches/1/files/src/experiment.py").read_text()
     assert FIX in code.read_text()

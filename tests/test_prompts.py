@@ -11,7 +11,7 @@ import yaml
 
 from support import NEURICO_IDEAS, needs_shared
 from labrun import prompts
-from labrun.phases import BY_KEY, PHASES, Files, SuccessfulAttempt
+from labrun.phases import BY_KEY, PHASES, Files, PlannedRunsDone, SuccessfulAttempt
 
 KEYS = [p.key for p in PHASES]
 
@@ -44,6 +44,11 @@ NEUTRAL_IDEA = {
     "evaluation_criteria": ["Throughput measured over 3 runs"],
     "metadata": {"author": "tester", "notes": "Keep it small."},
 }
+
+
+CLOCK = {"elapsed_s": 1500, "time_limit_s": 3600, "agent_spent_usd": 1.5, "agent_budget_usd": 10,
+         "agent_budget_from": "--budget-usd", "experiments_spent_usd": 2.0, "experiments_reporting": 1,
+         "experiments_budget_usd": 50, "attempts": 3, "succeeded": 1, "failed": 1}
 
 
 def load_idea(name: str) -> dict:
@@ -167,7 +172,7 @@ def test_completion_rule_matches_the_phase_table(key):
         assert f"`{section}`" in rule
     for name in files_of(phase):
         assert f"`{name}`" in rule
-    needs_success = any(isinstance(r, SuccessfulAttempt) for r in phase.done_when)
+    needs_success = any(isinstance(r, (SuccessfulAttempt, PlannedRunsDone)) for r in phase.done_when)
     assert ("succeeded" in rule) == needs_success
     if needs_success:
         assert "`run_experiment`" in rule
@@ -182,7 +187,7 @@ def test_no_other_phase_key_anywhere_in_template_text(key, domain):
     """With an idea and a digest that use no phase key, nothing in the rendered prompt may
     name another phase: not in headings, backticks, or plain words."""
     prompt = prompts.system_prompt(key, dict(NEUTRAL_IDEA, domain=domain), domain,
-                                   prompts.digest(neutral_state()))
+                                   prompts.digest(neutral_state(), CLOCK))
     # The digest may point to the files that finished phases handed on, by name and phase.
     handed_on = re.sub(r"^\*\*Handed on by earlier phases.*$", "", prompt, flags=re.M)
     assert other_keys_in(handed_on, key) == set()

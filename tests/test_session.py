@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 from support import DEMO_IDEA, group_alive, labrun, start_labrun, wait_for
+from labrun.agents import scripted
 from labrun.journal import Conversation
 from labrun.state import parse_state_md, phase_table
 from labrun.status import session_status
@@ -200,7 +201,7 @@ def test_kill_9_mid_attempt_marks_it_interrupted_and_kills_its_processes(tmp_pat
     assert first_result["is_error"] and "cut off" in first_result["content"]
     # The model was not asked turn 1 again: one reply per turn, plus the redone run.
     assert len(replies(ws, "experiments")) == SCRIPT_TURNS["experiments"] + 1
-    assert replies(ws, "experiments")[0]["content"][1]["input"]["command"].endswith("python3 src/experiment.py --seed 0")
+    assert replies(ws, "experiments")[0]["content"][1]["input"]["command"].endswith(scripted.COMMAND)
     assert runs(ws)["implementation"] == 1
     assert "The results above are those of attempt 3." in (ws / "REPORT.md").read_text()
 

@@ -117,7 +117,10 @@ def test_complete_phase_says_what_is_missing(session, prefect_api):
     assert result.is_error
     assert "file planning.md" in result.content and "section research_specification" in result.content
     (session.ws.root / "planning.md").write_text("# plan\n")
-    ok = b.call("complete_phase", {"summary": "done", "sections": {"research_specification": "Q?"}})
+    ok = b.call("complete_phase", {"summary": "done", "sections": {"research_specification": "Q?"},
+                                   "run_list": [{"id": "R1", "purpose": "p", "conditions": "c",
+                                                 "criteria": ["C1", "C2", "C3"]}],
+                                   "analysis_outputs": ["results/summary.json"]})
     assert not ok.is_error and b.completed == "done"
     assert session.state.sections["research_specification"] == "Q?"
     exp = box(session, "experiments").call("complete_phase", {"summary": "x", "sections": {"experiment_results": "r"}})

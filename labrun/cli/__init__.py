@@ -216,7 +216,8 @@ def parser() -> argparse.ArgumentParser:
 
 def _limits(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget-usd", type=float, default=None,
-                   help="session budget in USD (default: the idea's constraints.budget, else none)")
+                   help="the agent's own budget in USD, for its model use (default: the idea's "
+                        "constraints.agent_budget, else none; constraints.budget is the experiments')")
     p.add_argument("--max-turns", type=int, default=None,
                    help="turn limit of every phase (default: each phase's own, 30 to 60)")
 

@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+from rich.markup import escape
 from rich.table import Table
 
 from labrun.cli import CliError, console, err
@@ -25,10 +26,12 @@ def cmd_check(args) -> int:
     for warning in idea.warnings:
         err.print(f"[yellow]warning:[/yellow] {args.idea}: {warning}")
     budget = f"${idea.budget_usd:g}" if idea.budget_usd is not None else "none"
+    agent_budget = f"${idea.agent_budget_usd:g}" if idea.agent_budget_usd is not None else "none (--budget-usd sets one)"
     extra = f" · with {', '.join(idea.with_phases)}" if idea.with_phases else ""
     extra += f" · paper style {idea.paper_style}" if idea.paper_style else ""
     console.print(f"{args.idea}: valid · {idea.title} · domain {idea.domain} "
-                  f"(guidance: {guidance_domain(idea.guidance_domain)}) · budget {budget}{extra}", markup=False)
+                  f"(guidance: {guidance_domain(idea.guidance_domain)}) · experiments' budget {budget} "
+                  f"· agent's budget {agent_budget}{extra}", markup=False)
     console.print("prompt layers of each phase: its own instructions, the general guidance, the domain's")
     for number, key in enumerate(phase_list(idea.with_phases), 1):
         layout = layers(key, idea.guidance_domain)
@@ -78,23 +81,58 @@ def print_status(report: dict) -> None:
         phases.add_row(str(i), p["key"], p["status"], str(p["runs"]), f"{tokens:,}", f"${u['cost_usd']:.4f}")
     console.print(phases)
     if report["attempts"]:
-        attempts = Table("attempt", "phase", "status", "command", "error / fix")
+        attempts = Table("attempt", "phase", "run", "status", "command", "error / fix")
         for a in report["attempts"]:
             note = a["error"] or (f"fix: {a['fix_applied']}" if a["fix_applied"] else "")
-            attempts.add_row(str(a["n"]), a["phase"], a["status"], a["command"], note)
+            attempts.add_row(str(a["n"]), a["phase"], a["run_id"] or "", a["status"], a["command"], note)
         console.print(attempts)
+    print_plan(report["plan"])
     u = report["usage"]
     console.print(f"usage: {u['input_tokens']:,} in · {u['output_tokens']:,} out · "
                   f"{u['cache_read_input_tokens']:,} cache read · {u['cache_creation_input_tokens']:,} "
                   f"cache write · ${u['cost_usd']:.4f}"
                   + (f" (${u['estimated_usd']:.4f} of it estimated: runs killed before their bill)"
                      if u.get("estimated_usd") else ""))
+    console.print(clock_text(s["clock"]), markup=False)
     console.print(f"next: {s['next_action']}")
 
 
 def _branch_line(b: dict) -> str:
     where = "the current branch" if b["current"] else f"kept in {b['archive']}"
     return f" · branch {b['n']} (from {b['from_phase']}; {where})"
+
+
+def clock_text(clock: dict) -> str:
+    """The clock and the two budgets, as STATE.md shows them."""
+    from labrun.state import render_clock
+
+    return render_clock(clock)
+
+
+def print_plan(plan: dict) -> None:
+    """The run list with its coverage, and the verdicts on the idea's evaluation criteria."""
+    if plan["runs"]:
+        c = plan["coverage"]
+        runs = Table("run", "purpose", "seeds", "criteria", "coverage",
+                     title=f"run list: {c['done']} of {c['runs']} done, {c['deviated']} set aside, {c['open']} open")
+        for r in plan["runs"]:
+            if r["state"] == "done":
+                shown = "done: " + ", ".join(f"#{n}" for n in r["succeeded"])
+            elif r["state"] == "deviated":
+                shown = f"deviation: {r['deviation']}"
+            else:
+                shown = "open" + (f" (tried {', '.join(f'#{n}' for n in r['attempts'])})" if r["attempts"] else "")
+            runs.add_row(*map(escape, (r["id"], r["purpose"], ", ".join(map(str, r["seeds"])) or "—",
+                                       ", ".join(r["criteria"]) or "—", shown)))
+        console.print(runs)
+    for criterion in plan["criteria"]:
+        verdict = f"{criterion['status']}: {criterion['note']}" if criterion["status"] else "not judged yet"
+        console.print(f"  {criterion['id']} {criterion['text']} — {verdict}", markup=False)
+    for output in plan["outputs"]:
+        shown = "present" if output["exists"] else (f"deviation: {output['deviation']}" if output["deviation"] else "missing")
+        console.print(f"  analysis output {output['path']}: {shown}", markup=False)
+    if plan["negative_outcome"]:
+        console.print(f"negative outcome: {plan['negative_outcome']}", markup=False)
 
 
 def session_dir(workspace: str) -> Path:

@@ -176,10 +176,58 @@ def _finish_paper(r: ModelRequest) -> tuple[str, dict]:
                  "- Written by the scripted agent (an offline stand-in): it restates the simulation's numbers."})
 
 
+def _attempts_of_r1(messages: list[dict]) -> str:
+    found = []
+    for m in messages:
+        if m["role"] == "user" and isinstance(m["content"], list):
+            for b in m["content"]:
+                text = b.get("content") if b.get("type") == "tool_result" else None
+                if isinstance(text, str) and (head := re.match(r"Attempt (\d+): (\w+)", text)):
+                    found.append(f"#{head.group(1)} {head.group(2)}")
+    return ", ".join(found)
+
+
+def _verdicts(metrics_line: str) -> list[dict]:
+    """The demo idea's three criteria judged from R1's metrics (`k=v, ...`)."""
+    m = dict(pair.split("=", 1) for pair in metrics_line.split(", ") if "=" in pair)
+    try:
+        slopes = [float(m["slope_gaussian"]), float(m["slope_uniform"])]
+        gaps = [float(m["max_rel_gap_gaussian"]), float(m["max_rel_gap_uniform"])]
+    except (KeyError, ValueError):
+        return [{"id": c, "status": "unmet", "note": "R1 gave no metrics"} for c in ("C1", "C2", "C3")]
+    slope_ok = all(abs(s + 0.5) <= 0.05 for s in slopes)
+    gap_ok = all(g <= 0.10 for g in gaps)
+    return [
+        {"id": "C1", "status": "met" if slope_ok else "unmet",
+         "note": f"R1: slopes {slopes[0]} (gaussian) and {slopes[1]} (uniform) against -0.5 ± 0.05"},
+        {"id": "C2", "status": "met" if gap_ok else "unmet",
+         "note": f"R1: largest gaps to sigma/sqrt(k) {gaps[0]:.1%} and {gaps[1]:.1%} against 10%"},
+        {"id": "C3", "status": "met",
+         "note": "R1 ran twice from seed 0 and `cmp` found the two tables identical"},
+    ]
+
+
+def _judged(system: str) -> list[tuple[str, str, str]]:
+    """The criteria verdicts the digest shows: (id and text, verdict, note)."""
+    return re.findall(r"^- (C\d+: .+?) — \*\*(met|unmet)\*\*: (.+)$", system, flags=re.M)
+
+
 def _title(system: str) -> str:
     """The idea's title, from the prompt's `**Title:** ...` line (the markup in any form)."""
     found = re.search(r"^\s*(?:\*\*)?Title(?::\*\*|\*\*:|:)\s*(.+)$", system, flags=re.M | re.I)
     return found.group(1).strip() if found else "the idea"
+
+
+RUN = {"id": "R1", "purpose": "RMSE per k and the log-log slope for both noises, run twice from "
+       "seed 0 to check that the table reproduces", "conditions": "mean of k draws, k = 1..256, "
+       "1000 trials per k, Gaussian and uniform noise of sigma 0.5", "seeds": [0],
+       "criteria": ["C1", "C2", "C3"]}
+ANALYSIS_OUTPUTS = ("results/analysis.md", "results/rmse_vs_k.svg")
+COMMAND = ("python3 src/experiment.py --seed 0 && python3 src/experiment.py --seed 0 --out results/rerun"
+           " && cmp results/rmse_by_k.csv results/rerun/rmse_by_k.csv")
+ATTEMPT = {"command": COMMAND, "run_id": "R1", "purpose": "RMSE per k and the log-log slope, both noises, twice",
+           "outputs": ["results/metrics.json", "results/rmse_by_k.csv", "results/rerun/rmse_by_k.csv"],
+           "metrics_file": "results/metrics.json"}
 
 
 def _attempts(system: str) -> list[tuple[int, str]]:
@@ -198,7 +246,8 @@ SCRIPT: dict[str, list[Step]] = {
         lambda r: [_call("complete_phase", summary="Plan written to planning.md.", sections={
             "research_specification": "Question: does the RMSE of a k-sample mean fall as 1/sqrt(k)?\n"
             "Hypothesis: log-log slope -0.5 ± 0.05 for Gaussian and uniform noise.\n"
-            "Method: Monte Carlo, k = 1..256, 1000 trials per k, fixed seed; see planning.md."})],
+            "Method: Monte Carlo, k = 1..256, 1000 trials per k, fixed seed; see planning.md."},
+            run_list=[RUN], analysis_outputs=list(ANALYSIS_OUTPUTS))],
     ],
     "setup": [
         lambda r: [_call("bash", command="python3 --version && mkdir -p src results && ls")],
@@ -219,19 +268,16 @@ SCRIPT: dict[str, list[Step]] = {
             "- Metrics: RMSE per k, fitted log-log slope, largest relative gap to theory"})],
     ],
     "experiments": [
-        lambda r: [_call("run_experiment", command="python3 src/experiment.py --seed 0",
-                         purpose="RMSE per k and the log-log slope, both noises",
-                         outputs=["results/metrics.json", "results/rmse_by_k.csv"],
-                         metrics_file="results/metrics.json")],
+        lambda r: [_call("run_experiment", **ATTEMPT)],
         lambda r: [_call("str_replace_based_edit_tool", command="str_replace", path="src/experiment.py",
                          old_str=BUG, new_str=FIX)],
-        lambda r: [_call("run_experiment", command="python3 src/experiment.py --seed 0",
-                         purpose="RMSE per k and the log-log slope, both noises",
-                         outputs=["results/metrics.json", "results/rmse_by_k.csv"],
-                         metrics_file="results/metrics.json",
+        lambda r: [_call("run_experiment", **ATTEMPT,
                          fix_applied="rmse_for divided by len(error), an undefined name; now len(errors)")],
-        lambda r: [_call("complete_phase", summary="The last attempt succeeded.", sections={
-            "experiment_results": "Metrics of the last attempt: " + _attempt_metrics(r.messages)})],
+        lambda r: [_call("complete_phase", summary="Run R1 succeeded.",
+                         criteria=_verdicts(_attempt_metrics(r.messages)), sections={
+            "experiment_results": "| run | attempts | metrics |\n|---|---|---|\n"
+            f"| R1 | {_attempts_of_r1(r.messages)} | {_attempt_metrics(r.messages)} |\n\n"
+            "The second run from seed 0 wrote the same table byte for byte (`cmp` found no difference)."})],
     ],
     "analysis": [
         lambda r: [_call("bash", command="python3 src/analyze.py")],
@@ -256,7 +302,8 @@ SCRIPT: dict[str, list[Step]] = {
         lambda r: [_call("str_replace_based_edit_tool", command="create", path="REPORT.md",
                          file_text=_docs.get_template("report.md.j2").render(
                              title=_title(r.system), metrics=_metrics(r.messages), attempts=_attempts(r.system),
-                             supported=all(_metrics(r.messages)["slopes_within_tolerance"].values()))),
+                             supported=all(_metrics(r.messages)["slopes_within_tolerance"].values()),
+                             criteria=_judged(r.system))),
                    _call("str_replace_based_edit_tool", command="create", path="README.md",
                          file_text=_docs.get_template("readme.md.j2").render(title=_title(r.system)))],
         lambda r: [_call("complete_phase", summary="REPORT.md and README.md written.")],
