@@ -52,10 +52,13 @@ def research_session(
     budget_usd: float | None = None,
     max_turns: int | None = None,
     with_phases: list[str] | None = None,
+    network: bool | None = None,
 ) -> dict[str, Any]:
     """`with_phases`: optional phases a new session runs too (e.g. ["resources", "paper"]);
-    a session keeps the phases it started with."""
-    session = Session.open(workspace, idea_path, agent, model, budget_usd, max_turns, with_phases or ())
+    a session keeps the phases it started with. `network`: False runs the agent's commands
+    without network from now on."""
+    session = Session.open(workspace, idea_path, agent, model, budget_usd, max_turns, with_phases or (),
+                           network)
     artifacts = SessionArtifacts.attach(session)  # STATE.md, attempts, progress, usage in the UI
     try:
         return run_session(session)

@@ -107,6 +107,8 @@ def parser() -> argparse.ArgumentParser:
 def _limits(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget-usd", type=float, default=None, help="session budget in USD")
     p.add_argument("--max-turns", type=int, default=None, help="turn limit of every phase")
+    p.add_argument("--no-network", dest="network", action="store_const", const=False, default=None,
+                   help="run the agent's commands without network")
 
 
 # -- reading commands (no Prefect) ---------------------------------------------------------
@@ -221,7 +223,7 @@ def cmd_run(args) -> int:
     except ValueError as e:
         raise CliError(f"--with: {e}") from None
     return _run_flow(args.idea, args.workspace, agent, args.model, args.budget_usd, args.max_turns,
-                     with_phases)
+                     with_phases, args.network)
 
 
 def cmd_resume(args) -> int:
@@ -231,7 +233,7 @@ def cmd_resume(args) -> int:
     if finished_and_intact(root) and args.budget_usd is None and args.max_turns is None:
         console.print(f"{args.workspace}: the session is already complete and its outputs are intact; nothing to do.")
         return 0
-    return _run_flow(None, args.workspace, None, None, args.budget_usd, args.max_turns)
+    return _run_flow(None, args.workspace, None, None, args.budget_usd, args.max_turns, network=args.network)
 
 
 def cmd_demo(args) -> int:
@@ -251,7 +253,7 @@ def cmd_demo(args) -> int:
     return code
 
 
-def _run_flow(idea_path, workspace, agent, model, budget_usd, max_turns, with_phases=()) -> int:
+def _run_flow(idea_path, workspace, agent, model, budget_usd, max_turns, with_phases=(), network=None) -> int:
     _configure_logging()
     # Prefect's first ephemeral start migrates a new database: on a small machine that takes
     # longer than Prefect's default 20 s wait.
@@ -281,7 +283,7 @@ def _run_flow(idea_path, workspace, agent, model, budget_usd, max_turns, with_ph
     _quiet_prefect_console()
     try:
         research_session(idea_path, str(Path(workspace).resolve()), agent, model, budget_usd, max_turns,
-                         list(with_phases))
+                         list(with_phases), network)
     except (WorkspaceBusy, AgentUnavailable, SessionMismatch) as e:
         raise CliError(str(e)) from None
     except Exception as e:

@@ -167,6 +167,7 @@ class Constraints(_Section):
     memory: Memory | None = None
     budget: Usd | None = None  # USD, whatever form the file wrote it in
     dependencies: list[str] | None = None
+    network: bool | None = None  # labrun's: false runs the agent's commands without network
 
 
 class ExpectedOutput(_Section):

@@ -15,6 +15,7 @@ from labrun.commands import kill_group
 from labrun.idea import Idea, load_idea
 from labrun.state import Attempt, PhaseRecord, SessionState, StateStore
 from labrun.journal import Conversation, phase_usage
+from labrun.sandbox import Sandbox
 from labrun.usage import Budget, Usage
 from labrun.workspace import Workspace, write_json
 from labrun.phases import BY_KEY, Phase, Work, phase_list
@@ -88,6 +89,7 @@ class Session:
         budget_usd: float | None = None,
         max_turns: int | None = None,
         with_phases: Iterable[str] = (),
+        network: bool | None = None,
     ) -> "Session":
         """Open (or create) the session in `workspace` and hold its lock until `close`.
         `with_phases` names the optional phases a new session runs besides the default ones."""
@@ -109,7 +111,7 @@ class Session:
                 idea = load_idea(ws.data / "idea.yaml")
                 session = cls(ws, store, idea)
                 session._check_phases(keys if with_phases else None)
-                session._settle(agent, model, budget_usd, max_turns)
+                session._settle(agent, model, budget_usd, max_turns, network)
                 session.reconcile_after_crash()
             else:
                 if idea is None:
@@ -126,6 +128,7 @@ class Session:
                     budget_usd=budget_usd if budget_usd is not None else idea.budget_usd,
                     max_turns=max_turns,
                     phases={k: PhaseRecord() for k in keys},
+                    network=network is not False,
                 )
                 store = StateStore(ws, state)
                 session = cls(ws, store, idea)
@@ -156,7 +159,7 @@ class Session:
                 f"({', '.join(self.state.phases)}); use a new --workspace for other phases")
 
     def _settle(self, agent: str | None, model: str | None, budget_usd: float | None,
-                max_turns: int | None) -> None:
+                max_turns: int | None, network: bool | None) -> None:
         """A resume keeps the session's settings unless told otherwise."""
         if max_turns is not None:
             self.state.max_turns = max_turns
@@ -166,6 +169,9 @@ class Session:
             self.state.model = model
         if budget_usd is not None:
             self.state.budget_usd = budget_usd
+        if network is False and self.state.network:
+            self.state.network = False
+            self.store.event("agent commands run without network from now on (--no-network)")
         self.store.save()
 
     def reconcile_after_crash(self) -> None:
@@ -271,6 +277,11 @@ class Session:
 
     def max_turns(self, phase: Phase) -> int:
         return self.state.max_turns or phase.max_turns
+
+    def sandbox(self) -> Sandbox:
+        """Where agent commands run; no network when the session or the idea says so."""
+        network = self.state.network and self.idea.constraints.network is not False
+        return Sandbox(self.ws.root, self.ws.data / "sandbox" / "tmp", (self.ws.data,), network)
 
     @property
     def time_limit_s(self) -> int:

@@ -73,6 +73,8 @@ class SessionState(BaseModel):
     budget_usd: float | None = None
     max_turns: int | None = None
     """Overrides every phase's turn limit when set."""
+    network: bool = True
+    """Agent commands may use the network (`--no-network` turns it off)."""
     created_at: str = Field(default_factory=now)
     phases: dict[str, PhaseRecord] = Field(
         default_factory=lambda: {k: PhaseRecord() for k in DEFAULT}

@@ -80,6 +80,7 @@ def experiment_attempt(session_id: str, workspace: str, n: int) -> dict:
         timeout_s=session.time_limit_s,
         max_output_bytes=MAX_OUTPUT_BYTES,
         on_start=lambda pgid: (session.update_attempt(n, pgid=pgid), crashpoint("attempt")),
+        sandbox=session.sandbox(),
     )
     session.ws.release_reserve_if_full()  # so that this attempt's record fits
     status, error, metrics, outputs = judge(session, attempt, result)

@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 from support import DEMO_IDEA, group_alive, labrun, start_labrun, wait_for
+from labrun.sandbox import bubblewrap
 from labrun.journal import Conversation
 from labrun.state import parse_state_md, phase_table
 from labrun.status import session_status
@@ -182,7 +183,10 @@ def test_kill_9_mid_attempt_marks_it_interrupted_and_kills_its_processes(tmp_pat
         (ws / ".labrun/state.json").read_text())["attempts"][0]["pgid"], what="the attempt's pgid")
     _kill(proc)
     pgid = json.loads((ws / ".labrun/state.json").read_text())["attempts"][0]["pgid"]
-    assert group_alive(pgid)  # the attempt's command outlived the engine
+    if bubblewrap():  # the sandbox dies with the engine (--die-with-parent)
+        wait_for(lambda: not group_alive(pgid), timeout=10, what="the attempt's command to die with the engine")
+    else:
+        assert group_alive(pgid)  # unsandboxed, the command outlives the engine
     assert "- Status: RUNNING" in (ws / "STATE.md").read_text()
 
     result = labrun("resume", str(ws))

@@ -181,8 +181,11 @@ class ScriptedModel:
         calls = steps[min(_step(request.messages), len(steps) - 1)](request)
         content: list[dict] = [{"type": "text", "text": f"[scripted agent] {phase}, step {turn}."}]
         for i, (name, inp) in enumerate(calls):
-            if self._fault_for(phase, turn) == "hang-attempt" and name == "run_experiment":
-                inp = {**inp, "command": f"mkdir -p .labrun/faults && touch .labrun/faults/{phase}-{turn}.reached && sleep 600 && {inp['command']}"}
+            if self._fault_for(phase, turn) == "hang-attempt" and name == "run_experiment" and self.faults_dir:
+                # The engine marks the fault reached (the command cannot write .labrun/).
+                self.faults_dir.mkdir(parents=True, exist_ok=True)
+                (self.faults_dir / f"{phase}-{turn}.reached").touch()
+                inp = {**inp, "command": f"sleep 600 && {inp['command']}"}
             content.append({"type": "tool_use", "id": f"toolu_{phase}_{turn}_{i}", "name": name, "input": inp})
         prompt_chars = len(request.system) + len(json.dumps(request.messages))
         usage = Usage(input_tokens=prompt_chars // 4, output_tokens=len(json.dumps(content)) // 4)
