@@ -17,7 +17,7 @@ from prefect.context import FlowRunContext, TaskRunContext
 from prefect.logging.handlers import APILogHandler
 from prefect.states import State
 
-from labrun.agents import AgentUnavailable
+from labrun.agents import AgentUnavailable, require_priced
 from labrun.artifacts import SessionArtifacts
 from labrun.model import UsageWindowSpent
 from labrun.session import Session
@@ -70,6 +70,8 @@ def research_session(
 def run_session(session: Session) -> dict[str, Any]:
     store, ws = session.store, session.ws
     store.log(f"session run started (agent {session.state.agent})")
+    # A deployment run comes here without the command line's checks.
+    require_priced(session.state.agent, session.state.model, session.state.budget_usd)
     upstream: list[str] = []
     refresh = False
     for number, phase in enumerate(session.phases, 1):

@@ -263,12 +263,19 @@ def _run_flow(idea_path, workspace, agent, model, budget_usd, max_turns, with_ph
     from labrun.workspace import WorkspaceBusy
 
     state_file = Path(workspace) / ".labrun" / "state.json"
-    effective = agent or (json.loads(state_file.read_text())["agent"] if state_file.is_file() else None)
+    stored = json.loads(state_file.read_text()) if state_file.is_file() else {}
+    effective = agent or stored.get("agent")
     if effective == "anthropic":
+        from labrun.agents import require_priced
         from labrun.agents.anthropic import check_credentials
+        from labrun.idea import load_idea
 
+        budget = budget_usd
+        if budget is None:  # the session's, else the idea's (as Session.open decides)
+            budget = stored["budget_usd"] if stored else load_idea(idea_path).budget_usd
         try:
             check_credentials()
+            require_priced(effective, model or stored.get("model"), budget)
         except Exception as e:
             raise CliError(str(e)) from None
     if effective == "claude-code":

@@ -493,3 +493,27 @@ def test_a_turn_limit_stops_the_phase_and_names_the_limit(tmp_path, idea, serve,
     assert_one_line_stop(result, "planning", "limit of 1 turns", "--max-turns 2", ws=ws)
     assert len(api.requests) == 1
     assert phase_table((ws / "STATE.md").read_text())["planning"] == "FAILED"
+
+
+def test_a_budget_on_a_model_with_no_price_refuses_to_start_and_says_how_to_price_it(tmp_path, idea, serve, cli, monkeypatch):
+    from labrun.flows.session import research_session
+
+    api = serve(AutoResearcher())
+    ws = tmp_path / "ws"
+    # The idea's own budget ($5) is a budget: a Bedrock-style name has no price.
+    result = cli("run", str(idea), "--workspace", str(ws), "--agent", "anthropic", "--model", "anthropic.claude-x-v1:0")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    (line,) = [l for l in result.stderr.splitlines() if l.startswith("labrun:")]
+    assert "no price is known for model 'anthropic.claude-x-v1:0'" in line and "LABRUN_PRICES" in line
+    assert not api.requests and not ws.exists()  # nothing asked, nothing written
+
+    # A deployment run (no command line) refuses too, before any model call.
+    state = research_session(str(idea), str(ws), "anthropic", "anthropic.claude-x-v1:0", return_state=True)
+    assert state.is_failed() and "LABRUN_PRICES" in state.message and not api.requests
+
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("anthropic.claude-x-v1:0: {input: 4, output: 20, cache_write: 5, cache_read: 0.2}\n")
+    monkeypatch.setenv("LABRUN_PRICES", str(prices))
+    result = cli("resume", str(ws), "--max-turns", "1")
+    assert_one_line_stop(result, "limit of 1 turns", ws=ws)  # it ran, and its spending counts
+    assert session_status(ws)["usage"]["cost_usd"] > 0

@@ -48,6 +48,16 @@ class ModelAgent:
         run_turns(self.model, toolbox, convo, system, max_turns, budget)
 
 
+def require_priced(agent: str | None, model: str | None, budget_usd: float | None) -> None:
+    """With a budget set, refuse an agent whose costs labrun cannot count (`PriceUnknown`)."""
+    if budget_usd is None or agent != "anthropic":
+        return  # the scripted agent costs nothing; Claude Code reports its own cost
+    from labrun.agents.anthropic import model_name
+    from labrun.prices import require_price
+
+    require_price(model_name(model))
+
+
 def make_agent(agent: str, model: str | None = None, workspace: str | Path | None = None) -> Agent:
     if agent == "scripted":
         from labrun.agents.scripted import ScriptedModel
