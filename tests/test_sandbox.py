@@ -18,8 +18,8 @@ import yaml
 from support import DEMO_IDEA
 from labrun import sandbox
 from labrun.session import Session
-from labrun.tools import ToolBox
 from labrun.phases import BY_KEY
+from labrun.phases.phase import toolbox
 
 needs_bwrap = pytest.mark.skipif(
     sandbox.bubblewrap() is None,
@@ -38,7 +38,7 @@ def session(tmp_path):
 
 
 def bash(session: Session, command: str) -> str:
-    return ToolBox(session, BY_KEY["experiments"]).call("bash", {"command": command}).content
+    return toolbox(session, BY_KEY["experiments"]).call("bash", {"command": command}).content
 
 
 @needs_bwrap
