@@ -110,7 +110,7 @@ class Conversation:
 
     def unanswered_tool_uses(self) -> list[dict[str, Any]]:
         """Tool calls of the last reply that have no result: cut off by a crash."""
-        replies = [i for i, r in enumerate(self.records) if r["kind"] == "reply"]
+        replies = [i for i, r in enumerate(self.records) if r["kind"] == "reply" and not refused(r)]
         if not replies:
             return []
         last = replies[-1]
@@ -125,7 +125,8 @@ class Conversation:
         messages: list[dict[str, Any]] = []
         for r in self.records:
             if r["kind"] == "reply":
-                messages.append({"role": "assistant", "content": r["content"]})
+                if r["content"] and not refused(r):  # the API asks to set a refused turn aside
+                    messages.append({"role": "assistant", "content": r["content"]})
                 continue
             if r["kind"] == "user":
                 blocks = r["content"]
@@ -139,6 +140,10 @@ class Conversation:
             else:
                 messages.append({"role": "user", "content": list(blocks)})
         return messages
+
+
+def refused(record: dict[str, Any]) -> bool:
+    return record.get("stop_reason") == "refusal"
 
 
 def _read_records(path: Path, repair: bool) -> list[dict[str, Any]]:

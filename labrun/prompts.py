@@ -236,6 +236,7 @@ def template_sources(phase_key: str, domain: str) -> str:
         "resume_note.md.j2",
         "nudge.md.j2",
         "interrupted_tool.md.j2",
+        "cut_off.md.j2",
         "digest.md.j2",
     ]
     parts = []
@@ -243,6 +244,12 @@ def template_sources(phase_key: str, domain: str) -> str:
         source, _, _ = phase_env.loader.get_source(phase_env, name)
         parts.append(f"--- {name}\n{source}")
     return "\n".join(parts)
+
+
+def cut_off(name: str | None = None) -> str:
+    """What the model is told when its reply reached the output limit: for each tool call
+    in it (none is run), or once when it held no tool call."""
+    return _tidy(env.get_template("cut_off.md.j2").render(name=name or ""))
 
 
 def interrupted_tool(name: str) -> str:

@@ -135,6 +135,7 @@ class AnthropicModel:
         return ModelReply(
             content=[block.to_dict(mode="json", exclude_none=True) for block in message.content],
             stop_reason=message.stop_reason,
+            stop_details=message.stop_details.to_dict() if message.stop_details else None,
             usage=usage_of(message.usage, priced_as),
             model=served_by,
         )
