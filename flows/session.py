@@ -85,7 +85,7 @@ def run_session(session: Session) -> dict[str, Any]:
             workspace=str(ws.root),
             phase_key=phase.key,
             number=number,
-            version=phase_version(session, phase.key),
+            version=phase_version(phase.key),
             upstream="-".join(upstream) or "none",
             rerun=refresh,
         )

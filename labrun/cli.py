@@ -78,6 +78,7 @@ def parser() -> argparse.ArgumentParser:
 
     resume = sub.add_parser("resume", help="continue a session; finished phases are skipped")
     resume.add_argument("workspace")
+    resume.add_argument("--model", default=None, help="the model of the phases still to run")
     _limits(resume)
     resume.set_defaults(handler=cmd_resume)
 
@@ -170,6 +171,10 @@ def print_status(report: dict) -> None:
         tokens = sum(u[k] for k in u if k.endswith("tokens"))
         phases.add_row(str(i), p["key"], p["status"], str(p["runs"]), f"{tokens:,}", f"${u['cost_usd']:.4f}")
     console.print(phases)
+    for p in report["phases"]:
+        if p.get("older_prompt"):
+            console.print(f"phase {p['key']}: finished with an older prompt (its templates were reworded "
+                          "since; it stays finished)")
     if report["attempts"]:
         attempts = Table("attempt", "phase", "status", "command", "error / fix")
         for a in report["attempts"]:
@@ -233,7 +238,7 @@ def cmd_resume(args) -> int:
     if finished_and_intact(root) and args.budget_usd is None and args.max_turns is None:
         console.print(f"{args.workspace}: the session is already complete and its outputs are intact; nothing to do.")
         return 0
-    return _run_flow(None, args.workspace, None, None, args.budget_usd, args.max_turns, network=args.network)
+    return _run_flow(None, args.workspace, None, args.model, args.budget_usd, args.max_turns, network=args.network)
 
 
 def cmd_demo(args) -> int:

@@ -21,6 +21,7 @@ The guidance layers, each looked up in the phase's template folder, then labrun'
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -250,6 +251,12 @@ def cut_off(name: str | None = None) -> str:
     """What the model is told when its reply reached the output limit: for each tool call
     in it (none is run), or once when it held no tool call."""
     return _tidy(env.get_template("cut_off.md.j2").render(name=name or ""))
+
+
+def prompt_digest(phase_key: str, domain: str) -> str:
+    """The wording of the phase's templates: a finished phase whose digest differs from the
+    current one was finished with an older prompt."""
+    return hashlib.sha256(template_sources(phase_key, domain).encode()).hexdigest()[:16]
 
 
 def interrupted_tool(name: str) -> str:

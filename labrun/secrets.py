@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from functools import lru_cache
 from typing import Any, Mapping
 
 # Name parts (split on _ - .) that say a variable holds a secret: GITHUB_TOKEN, DB_PASSWORD,
@@ -37,6 +38,7 @@ SECRET_SHAPES = re.compile(
 REDACTED = "[REDACTED]"
 
 
+@lru_cache(maxsize=4096)
 def is_secret_name(name: str) -> bool:
     parts = re.split(r"[_\-.]", name.upper())
     return any(p in SECRET_PARTS or p.endswith(SECRET_SUFFIXES) for p in parts)

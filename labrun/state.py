@@ -58,8 +58,6 @@ class Attempt(BaseModel):
     metrics_file: str | None = None
     log: str = ""
     pgid: int | None = None
-    sources_digest: str = ""
-    """Digest of the workspace's source files when the attempt started."""
 
 
 class SessionState(BaseModel):

@@ -37,6 +37,10 @@ class Phase:
     templates: Path = TEMPLATES
     default: bool = True
     """In every session unless left out; an optional phase is chosen with `--with`."""
+    version: int = 1
+    """What the phase's templates ask, as a number: raise it when they ask something new, and
+    finished phases run again. A rewording leaves them finished (`labrun status` shows
+    them as finished with an older prompt)."""
 
     @property
     def sections(self) -> tuple[str, ...]:

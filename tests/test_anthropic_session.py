@@ -583,3 +583,29 @@ def test_a_refusal_stops_the_phase_at_once_and_a_resume_sets_the_refused_reply_a
     report = status(ws)
     assert report["session"]["complete"]
     assert_usage_is_what_was_billed(ws, api, report)  # the refused reply was billed, and counts
+
+
+# -- the model is not the phase -------------------------------------------------------------
+
+
+def test_resume_with_another_model_and_settings_keeps_finished_phases_and_says_so(tmp_path, idea, serve, cli, monkeypatch):
+    api = serve(AutoResearcher())
+    ws = tmp_path / "ws"
+    result = cli("run", str(idea), "--workspace", str(ws), "--agent", "anthropic", "--max-turns", "2")
+    assert_one_line_stop(result, "implementation", "limit of 2 turns", ws=ws)  # planning and setup done
+    asked = len(api.requests)
+    assert {r["body"]["model"] for r in api.requests} == {"claude-opus-5-5"}
+
+    monkeypatch.setenv("LABRUN_CONTEXT_MANAGEMENT", "off")  # another agent setting too
+    result = cli("resume", str(ws), "--model", "claude-sonnet-5", "--max-turns", "10")
+    assert result.returncode == 0, result.stderr
+    later = api.requests[asked:]
+    assert {turn_of(r)[0] for r in later} == {"implementation", "experiments", "analysis", "documentation"}
+    assert {r["body"]["model"] for r in later} == {"claude-sonnet-5"}
+    assert not any("context_management" in r["body"] for r in later)
+    report = status(ws)
+    assert {p["key"]: p["runs"] for p in report["phases"]}["planning"] == 1
+    assert {p["key"]: p["runs"] for p in report["phases"]}["setup"] == 1
+    assert report["session"]["model"] == "claude-sonnet-5"
+    assert "model default → claude-sonnet-5 for the phases still to run" in (ws / "STATE.md").read_text()
+    assert_usage_is_what_was_billed(ws, api, report)

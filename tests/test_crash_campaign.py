@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 from support import DEMO_IDEA, labrun
-from labrun.session import workspace_files
+from labrun.snapshot import workspace_files
 from labrun.state import STATE_SECTIONS, parse_state_md, phase_table
 from labrun.status import session_status
 

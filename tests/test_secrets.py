@@ -13,7 +13,7 @@ from hypothesis.utils.conventions import not_set
 
 from labrun.secrets import REDACTED, WORD_SAFE_CHARS, redact, scrubbed_env
 
-FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck),
+FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck),
                 derandomize=bool(os.environ.get("CI")), database=None if os.environ.get("CI") else not_set)
 
 # Words of research prose and file names, with every prefix a token shape starts with, and
