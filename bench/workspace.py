@@ -10,6 +10,7 @@ Prints one table, measured side by side in one run (medians):
   whether sparseness could flatter the figures: the 2 GB file is sparse by default, and a
   sparse file reads faster than real data, but the engine never reads it at all (it is above
   the size threshold, recorded by size and mtime). `--dense` writes real random data instead.
+- one workspace snapshot on its own, the part of both that depends on the workspace;
 - for scale, what one sha256 of the 2 GB file costs as real data (measured on 256 MB of
   random data in memory, times 8): the price of each snapshot before issue 11.
 
@@ -109,12 +110,14 @@ def sha256_rate() -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--dense", action="store_true", help="write the 2 GB file with random data")
     args = parser.parse_args()
     from prefect import flow
 
-    console = Console()
+    from labrun.snapshot import workspace_files
+
+    console = Console(width=120)
     root = Path(tempfile.mkdtemp(prefix="labrun-bench-ws-"))
     empty, big = root / "empty", root / "big"
     big.mkdir()
@@ -127,28 +130,37 @@ def main() -> None:
 
     @flow(name="bench-workspace", persist_result=False)
     def run_all() -> None:
-        for name, ws in (("empty", empty), ("big", big)):
-            session = open_session(ws)
-            try:
-                attempt(session, 0)  # warm: the first snapshot of a workspace
+        sessions = {"empty": open_session(empty), "big": open_session(big)}
+        try:
+            for name, session in sessions.items():
+                attempt(session, 0)  # warm: the first snapshot of each workspace
                 phase(session)
-                rows = results[name] = {"attempt": [], "phase": []}
-                for i in range(args.repeat):
-                    rows["attempt"].append(measure(lambda: attempt(session, i + 1)))
-                    rows["phase"].append(measure(lambda: phase(session)))
-            finally:
+                results[name] = {"attempt": [], "phase": [], "snapshot": []}
+            for i in range(args.repeat):  # side by side, so that the machine's load hits both
+                for name, session in sessions.items():
+                    results[name]["attempt"].append(measure(lambda: attempt(session, i + 1)))
+                    results[name]["phase"].append(measure(lambda: phase(session)))
+                    results[name]["snapshot"].append(measure(lambda: workspace_files(session.ws.root)))
+        finally:
+            for session in sessions.values():
                 session.close()
 
     run_all()
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=10)  # before the embedded server stops
+    EventsWorker.drain_all(timeout=10)
     table = Table(title=f"a big workspace against an empty one (median of {args.repeat})")
     for col in ("work", "empty (ms)", "big (ms)", "difference (ms)", "goal (ms)", "read, big (KB)"):
         table.add_column(col, justify="right" if col != "work" else "left")
-    for work, goal in (("attempt", 50), ("phase", 200)):
+    labels = {"attempt": "one experiment attempt (two snapshots)", "phase": "one phase (start, two turns, end)",
+              "snapshot": "one workspace snapshot"}
+    for work, goal in (("attempt", "≤ 50"), ("phase", "≤ 200"), ("snapshot", "")):
         e = statistics.median(t for t, _ in results["empty"][work]) * 1000
         b = statistics.median(t for t, _ in results["big"][work]) * 1000
         read = statistics.median(r for _, r in results["big"][work]) / 1024
-        label = "one experiment attempt" if work == "attempt" else "one phase (start, two turns, end)"
-        table.add_row(label, f"{e:.0f}", f"{b:.0f}", f"{b - e:+.0f}", f"≤ {goal}", f"{read:,.0f}")
+        table.add_row(labels[work], f"{e:.1f}", f"{b:.1f}", f"{b - e:+.1f}", goal, f"{read:,.0f}")
     console.print(table)
     console.print(f"For scale: one sha256 of the 2 GB file as real data takes {sha256_rate():.1f} s "
                   "here (256 MB hashed in memory, times 8); before issue 11 every attempt paid it twice "
