@@ -61,6 +61,15 @@ class Conversation:
     def add_user_text(self, text: str) -> None:
         self.append({"kind": "user", "content": [{"type": "text", "text": text}]})
 
+    def add_call(self, turn: int) -> None:
+        """A model call is about to be made (its reply follows, unless a crash cut it off)."""
+        self.append({"kind": "call", "turn": turn})
+
+    def cut_call(self) -> int | None:
+        """The turn of a model call that a crash cut off before its reply was saved."""
+        last = self.records[-1] if self.records else None
+        return last["turn"] if last and last["kind"] == "call" else None
+
     def add_reply(self, content: list[dict], usage: Usage, stop_reason: str | None) -> None:
         self.append(
             {"kind": "reply", "content": content, "usage": usage.model_dump(), "stop_reason": stop_reason}

@@ -17,6 +17,7 @@ from typing import Callable, Literal
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from pydantic import BaseModel, Field
 
+from labrun.crashpoints import crashpoint
 from labrun.resources import TEMPLATES
 from labrun.secrets import redact
 from labrun.workspace import Workspace, write_atomic
@@ -24,6 +25,8 @@ from labrun.phases import DEFAULT, section_titles
 
 log = logging.getLogger("labrun")
 PhaseStatus = Literal["pending", "IN PROGRESS", "DONE", "FAILED"]
+TRANSITIONS = {"IN PROGRESS": "phase-start", "DONE": "phase-done", "FAILED": "phase-failed"}
+"""The crash point (labrun.crashpoints) just before each kind of phase-table write."""
 AttemptStatus = Literal["RUNNING", "FAILED", "SUCCESS", "INTERRUPTED"]
 STATE_SECTIONS = (
     "Session Title", "Current State", "Worklog", "Research Specification",
@@ -166,10 +169,19 @@ class StateStore:
             self.save()
 
     def set_phase(self, key: str, status: PhaseStatus, event: str, error: str | None = None) -> None:
+        """The one writer of the phase table, called in the order the flow walks its phases:
+        IN PROGRESS by the phase task as it starts, DONE or FAILED by the flow from the
+        task's Prefect state. A phase that starts makes every phase after it pending: the
+        flow runs them after it, whatever they read before."""
+        crashpoint(TRANSITIONS[status])
         with self._lock:
             record = self.state.phases[key]
             record.status = status
             record.error = error
+            if status == "IN PROGRESS":
+                keys = list(self.state.phases)
+                for later in keys[keys.index(key) + 1:]:
+                    self.state.phases[later] = PhaseRecord(runs=self.state.phases[later].runs)
             self.event(event)
             self.save()
 

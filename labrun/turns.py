@@ -59,7 +59,6 @@ def _is_transient(task, task_run, state) -> bool:
     persist_result=False,
 )
 def model_call(model: Model, request: ModelRequest, phase: str, turn: int) -> ModelReply:
-    crashpoint("model-call")
     try:
         with model_api_slot():  # a slot of the `labrun-model-api` limit in server mode
             return model.complete(request)
@@ -91,7 +90,9 @@ def run_turns(model: Model, toolbox: ToolBox, convo: Conversation, system: str, 
         budget.check()
         toolbox.session.ws.check_disk()
         request = ModelRequest(system=system, messages=convo.messages(), tools=specs)
+        convo.add_call(convo.turns + 1)  # a crash before the reply is saved shows on resume
         reply = model_call(model, request, phase=phase, turn=convo.turns + 1)
+        crashpoint("reply-received")  # the one window where a billed reply can be lost
         convo.add_reply(reply.content, reply.usage, reply.stop_reason)
         crashpoint("reply-saved")
         budget.spend(reply.usage)

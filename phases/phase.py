@@ -70,6 +70,11 @@ def run_phase(session_id: str, workspace: str, phase_key: str, number: int, vers
         # Finished, but the engine died before Prefect committed the result.
         session.store.set_phase(phase_key, "IN PROGRESS", f"phase {number} {phase_key} found finished in its journal")
         return convo.completed
+    cut = convo.cut_call() if convo is not None else None
+    if cut is not None:
+        # Saved before the journal moves on past the cut call, so that it is said once at least.
+        session.store.log(f"phase {number} {phase_key}: the engine stopped in the model call of turn {cut}; "
+                          "if the API had answered it, that reply is lost and its cost is not counted")
     if convo is not None and convo.completed is None and convo.turns:
         interrupted = convo.unanswered_tool_uses()
         for block in interrupted:

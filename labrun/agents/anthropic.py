@@ -18,6 +18,7 @@ from typing import Any, Mapping
 import anthropic
 import httpx2
 
+from labrun.crashpoints import crashpoint
 from labrun.model import FatalModelError, ModelError, ModelReply, ModelRequest, TransientModelError
 from labrun.prices import cost_usd, load_prices, price_for
 from labrun.secrets import redact
@@ -120,6 +121,7 @@ class AnthropicModel:
             else:
                 stream = self.client.messages.stream(**params)
             with stream as events:  # always stream: non-streaming calls refuse large max_tokens
+                crashpoint("model-call")  # the request is out and its reply is coming
                 message = events.get_final_message()
         except anthropic.APIError as err:
             raise model_error(err, self.name) from None

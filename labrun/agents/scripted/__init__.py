@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
+from labrun.crashpoints import crashpoint
 from labrun.model import ModelReply, ModelRequest, TransientModelError
 from labrun.usage import Usage
 
@@ -43,11 +44,12 @@ def _call(name: str, **inp: Any) -> tuple[str, dict]:
 
 
 def _last_result(messages: list[dict]) -> str:
-    """The text of the newest tool result the agent has seen."""
+    """The text of the newest tool result the agent has seen (a call that an interruption
+    cut off has none: it is skipped)."""
     for m in reversed(messages):
         if m["role"] == "user" and isinstance(m["content"], list):
             for b in reversed(m["content"]):
-                if b.get("type") == "tool_result":
+                if b.get("type") == "tool_result" and not b.get("is_error"):
                     return b["content"] if isinstance(b["content"], str) else json.dumps(b["content"])
     return ""
 
@@ -189,6 +191,7 @@ class ScriptedModel:
             content.append({"type": "tool_use", "id": f"toolu_{phase}_{turn}_{i}", "name": name, "input": inp})
         prompt_chars = len(request.system) + len(json.dumps(request.messages))
         usage = Usage(input_tokens=prompt_chars // 4, output_tokens=len(json.dumps(content)) // 4)
+        crashpoint("model-call")  # inside the call, before the stand-in provider bills it
         self._bill(phase, turn, usage)
         return ModelReply(content=content, stop_reason="tool_use", model="scripted", usage=usage)
 
