@@ -226,8 +226,8 @@ def _status(record: Any) -> str:
 
 
 def template_sources(phase_key: str, domain: str) -> str:
-    """The source text of every template that shapes this phase's prompts, concatenated,
-    for the phase's cache version."""
+    """The source text of every template that shapes this phase's prompts, concatenated:
+    what `prompt_digest` digests."""
     phase_env = _env_for(_phase(phase_key).templates)
     names = [
         "system.md.j2",
