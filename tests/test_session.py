@@ -53,19 +53,24 @@ def replies(workspace: Path, phase: str) -> list[dict]:
 
 
 def task_states(flow_state) -> dict[str, str]:
-    """Final Prefect state of each phase task in the flow run, by phase key."""
+    """Final Prefect state of each phase task in the flow run, by phase key. The server
+    records task runs from events, a moment after they happen: wait for every one to be final."""
+    import time
+
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     flow_run_id = flow_state.state_details.flow_run_id
+    deadline = time.monotonic() + 30
     with get_client(sync_client=True) as client:
-        task_runs = client.read_task_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
-        )
-    return {
-        tr.name.split("-", 1)[1]: tr.state.type.value
-        for tr in task_runs if tr.task_key.startswith("run_phase") or tr.name[:2] in {f"{n}-" for n in range(1, len(PHASES) + 1)}
-    }
+        while True:
+            task_runs = [tr for tr in client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+                if tr.name[:2] in {f"{n}-" for n in range(1, len(PHASES) + 1)} or tr.task_key.startswith("run_phase")]
+            if all(tr.state and tr.state.is_final() for tr in task_runs) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    return {tr.name.split("-", 1)[1]: tr.state.type.value for tr in task_runs}
 
 
 def assert_table_matches_tasks(workspace: Path, flow_state) -> None:
