@@ -14,13 +14,16 @@ from typing import Any
 
 from prefect import flow
 from prefect.context import FlowRunContext, TaskRunContext
+from prefect.exceptions import TerminationSignal
 from prefect.logging.handlers import APILogHandler
 from prefect.states import State
 
 from labrun.agents import AgentUnavailable, require_priced
 from labrun.artifacts import SessionArtifacts
+from labrun.branches import finish_rerun, rerun
 from labrun.model import UsageWindowSpent
 from labrun.session import Session
+from labrun.state import FlowRunRecord
 from labrun.windows import wait_out
 from labrun.phases.phase import manifest_digest, phase_version, run_phase
 
@@ -53,15 +56,37 @@ def research_session(
     max_turns: int | None = None,
     with_phases: list[str] | None = None,
     network: bool | None = None,
+    from_phase: str | None = None,
+    note: str | None = None,
 ) -> dict[str, Any]:
     """`with_phases`: optional phases a new session runs too (e.g. ["resources", "paper"]);
     a session keeps the phases it started with. `network`: False runs the agent's commands
-    without network from now on."""
-    session = Session.open(workspace, idea_path, agent, model, budget_usd, max_turns, with_phases or (),
-                           network)
+    without network from now on.
+
+    `from_phase`: start a new branch of a session at this finished phase (`labrun rerun`):
+    the phases before it are reused, it and the later ones run again with `agent` and `model`;
+    `note` says why. A retry of this run continues the branch it started."""
+    rerunning = bool(from_phase)  # the branch gets agent and model; the earlier one keeps its own
+    session = Session.open(workspace, idea_path, None if rerunning else agent, None if rerunning else model,
+                           budget_usd, max_turns, with_phases or (), network)
+    try:
+        if rerunning:
+            rerun(session, from_phase, agent, model, note or "", _flow_run_id())
+        else:
+            finish_rerun(session)  # a rerun cut short by a crash
+    except BaseException:
+        session.close()
+        raise
     artifacts = SessionArtifacts.attach(session)  # STATE.md, attempts, progress, usage in the UI
     try:
+        _record_flow_run(session)
         return run_session(session)
+    except KeyboardInterrupt as e:  # labrun.interrupts.Interrupted names the signal
+        _record_interruption(session, str(e) or "Ctrl-C (SIGINT)")
+        raise
+    except TerminationSignal:  # Prefect's own SIGTERM handler during a flow run
+        _record_interruption(session, "SIGTERM")
+        raise
     finally:
         artifacts.close()
         session.close()
@@ -74,6 +99,7 @@ def run_session(session: Session) -> dict[str, Any]:
     require_priced(session.state.agent, session.state.model, session.state.budget_usd)
     upstream: list[str] = []
     refresh = False
+    kept = session.state.branches[-1].kept if session.state.branches else {}
     for number, phase in enumerate(session.phases, 1):
         changed = session.stale_outputs(phase.key)
         if changed:
@@ -88,6 +114,8 @@ def run_session(session: Session) -> dict[str, Any]:
             version=phase_version(phase.key),
             upstream="-".join(upstream) or "none",
             rerun=refresh,
+            branch=session.state.branch,
+            kept=kept.get(phase.key),
         )
         state: State = task(**params, return_state=True)
         while isinstance(spent := _exception(state), UsageWindowSpent):
@@ -110,6 +138,33 @@ def run_session(session: Session) -> dict[str, Any]:
         upstream.append(manifest_digest(manifest))
     store.log("session complete")
     return {"session": session.state.session_id, "complete": True}
+
+
+def _record_flow_run(session: Session) -> None:
+    """So that `labrun status` can say how to retry a deployment's run."""
+    run = FlowRunContext.get().flow_run
+    session.state.last_run = FlowRunRecord(
+        id=str(run.id), name=run.name, deployment_id=str(run.deployment_id) if run.deployment_id else None)
+    session.store.save()
+
+
+def _record_interruption(session: Session, reason: str) -> None:
+    """In STATE.md, in plain words. Attempts still running are killed and marked as a resume
+    would mark them; the phase that was running is FAILED (its task Crashed)."""
+    session.reconcile_after_crash()
+    running = [(n, p) for n, p in enumerate(session.phases, 1) if session.state.phases[p.key].status == "IN PROGRESS"]
+    hint = f"resume with `labrun resume {session.ws.root}`"
+    if not running:
+        session.store.log(f"session interrupted by {reason}; {hint}")
+        return
+    number, phase = running[0]
+    session.store.set_phase(phase.key, "FAILED", f"phase {number} {phase.key} interrupted by {reason}; {hint}",
+                            f"interrupted by {reason}")
+
+
+def _flow_run_id() -> str | None:
+    ctx = FlowRunContext.get()
+    return str(ctx.flow_run.id) if ctx and ctx.flow_run else None
 
 
 def _exception(state: State) -> BaseException | None:

@@ -130,4 +130,4 @@ def cost_usd(model: str, usage: Usage) -> float:
         + usage.cache_creation_input_tokens * table["cache_write"]
         + usage.cache_read_input_tokens * table["cache_read"]
     )
-    return round(total / 1_000_000, 6)
+    return total / 1_000_000  # unrounded: round only for display

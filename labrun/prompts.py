@@ -193,6 +193,12 @@ def system_prompt(phase_key: str, idea: dict, domain: str, digest: str,
     return _tidy(text)
 
 
+def phase_system_prompt(session: Any, phase_key: str) -> str:
+    """The system prompt of one phase of `session`, with the STATE.md digest as it is now."""
+    return system_prompt(phase_key, session.idea.as_prompt_dict(), session.idea.guidance_domain,
+                         digest(session.state), list(session.state.phases))
+
+
 def kickoff(phase_key: str, order: Sequence[str] = DEFAULT) -> str:
     """The first user message of a phase."""
     return _tidy(env.get_template("kickoff.md.j2").render(**_phase_vars(phase_key, order)))

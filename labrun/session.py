@@ -38,6 +38,12 @@ def changed_outputs(manifest: dict[str, Any], recorded: dict[str, str], root: Pa
     return changed
 
 
+def read_manifest(ws: Workspace, phase_key: str) -> dict[str, Any] | None:
+    """What the phase's last finished run produced (None before it first finishes)."""
+    path = ws.phase_dir(phase_key) / "manifest.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 class Session:
     _open: dict[str, "Session"] = {}
 
@@ -175,6 +181,7 @@ class Session:
                 outputs=list(inp.outputs),
                 metrics_file=inp.metrics_file,
                 log=f".labrun/attempts/attempt-{n:03d}.log",
+                branch=self.state.branch,
             )
             write_json(self.attempt_files_path(n), {"before": files_before, "wrote": None})
             self.state.attempts.append(attempt)
@@ -224,8 +231,7 @@ class Session:
             self.store.save()
 
     def manifest(self, phase_key: str) -> dict[str, Any] | None:
-        path = self.ws.phase_dir(phase_key) / "manifest.json"
-        return json.loads(path.read_text()) if path.exists() else None
+        return read_manifest(self.ws, phase_key)
 
     def stale_outputs(self, phase_key: str) -> list[str]:
         manifest = self.manifest(phase_key)
@@ -257,7 +263,7 @@ class Session:
         return [BY_KEY[k] for k in self.state.phases]
 
     def usage(self) -> Usage:
-        return session_usage(self.ws, self.state.phases)
+        return total_usage(self.ws, self.state)
 
     def budget(self) -> Budget:
         return Budget(self.state.budget_usd, self.usage(), str(self.ws.root))
@@ -281,3 +287,9 @@ def session_usage(ws: Workspace, keys) -> Usage:
     for key in keys:
         total += phase_usage(ws.phase_dir(key))
     return total
+
+
+def total_usage(ws: Workspace, state: SessionState) -> Usage:
+    """What the whole session spent: the workspace's journals and the archived ones of
+    earlier branches."""
+    return sum((b.archived for b in state.branches), session_usage(ws, state.phases))

@@ -6,21 +6,18 @@ import json
 from pathlib import Path
 from typing import Any
 
+from labrun.branches import rerun_pending, summaries
 from labrun.journal import phase_usage
 from labrun.session import changed_outputs
-from labrun.state import SessionState
+from labrun.state import SessionState, load_state
 from labrun.usage import Usage
 from labrun.workspace import Workspace
 
 
-def load_state(ws: Workspace) -> SessionState:
-    return SessionState.model_validate_json(ws.state_file.read_text())
-
-
 def session_status(root: Path) -> dict[str, Any]:
     ws = Workspace(root)
-    state = load_state(ws)
-    phases, total = [], Usage()
+    state, note = load_state(ws)
+    phases, total = [], sum((b.archived for b in state.branches), Usage())
     older = older_prompts(ws, state)
     for number, (key, record) in enumerate(state.phases.items(), 1):
         usage = phase_usage(ws.phase_dir(key))
@@ -37,6 +34,7 @@ def session_status(root: Path) -> dict[str, Any]:
             "complete": state.complete,
             "active_phase": state.active_phase,
             "next_action": state.next_action(str(ws.root)),
+            "branch": state.branch,
         },
         "idea": {"title": state.title, "path": state.idea_path, "domain": state.domain,
                  "sha256": state.idea_hash},
@@ -45,10 +43,12 @@ def session_status(root: Path) -> dict[str, Any]:
             {"n": a.n, "phase": a.phase, "status": a.status, "command": a.command,
              "error": a.error, "fix_applied": a.fix_applied, "metrics": a.metrics,
              "outputs": a.outputs, "exit_code": a.exit_code, "duration_s": a.duration_s,
-             "log": a.log}
+             "log": a.log, "branch": a.branch}
             for a in state.attempts
         ],
         "usage": total.model_dump(),
+        "notes": [note] if note else [],
+        "branches": summaries(ws, state, total),
     }
 
 
@@ -75,8 +75,8 @@ def older_prompts(ws: Workspace, state: SessionState) -> set[str]:
 def finished_and_intact(root: Path) -> bool:
     """Complete, and no finished phase's outputs changed since: a resume has nothing to do."""
     ws = Workspace(root)
-    state = load_state(ws)
-    if not state.complete:
+    state, _ = load_state(ws)
+    if not state.complete or rerun_pending(ws, state):
         return False
     for key in state.phases:
         manifest_file = ws.phase_dir(key) / "manifest.json"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import NoReturn
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -20,7 +21,6 @@ from labrun import prompts
 from labrun.crashpoints import crashpoint
 from labrun.journal import Conversation
 from labrun.model import Model, ModelReply, ModelRequest, TransientModelError, UsageWindowSpent
-from labrun.server import model_api_slot
 from labrun.tools import ToolBox, tool_specs
 from labrun.usage import Budget, Usage
 
@@ -48,32 +48,43 @@ def _is_transient(task, task_run, state) -> bool:
     return False
 
 
-@task(
-    name="model-call",
-    task_run_name="{phase} turn {turn}",
+RETRY_POLICY = dict(
     retries=len(RETRY_DELAYS),
     retry_delay_seconds=RETRY_DELAYS,
     retry_jitter_factor=JITTER,
     retry_condition_fn=_is_transient,
+)
+"""The one retry layer for model calls, whatever the backend: a task with these options is
+run again, after exponential back-off with jitter, when it raises `TransientModelError`."""
+
+
+def back_off(e: TransientModelError, what: str) -> NoReturn:
+    """Raise `e` for the retry layer, honouring its `retry_after`: a reset hours away is a
+    spent usage window, waited for without holding retries."""
+    if e.retry_after and e.retry_after > LONG_WAIT_S:
+        raise UsageWindowSpent(str(e), resets_at=time.time() + e.retry_after) from None
+    if e.retry_after:
+        # Prefect's delays are fixed in advance: wait out the rest of retry-after here.
+        ctx = TaskRunContext.get()
+        done = ctx.task_run.run_count - 1 if ctx and ctx.task_run else 0
+        planned = RETRY_DELAYS[min(done, len(RETRY_DELAYS) - 1)] * (1 - JITTER)
+        time.sleep(max(0.0, e.retry_after - planned))
+    log.warning("%s: %s; retrying", what, e)
+    raise e
+
+
+@task(
+    name="model-call",
+    task_run_name="{phase} turn {turn}",
     cache_policy=NO_CACHE,
     persist_result=False,
+    **RETRY_POLICY,
 )
 def model_call(model: Model, request: ModelRequest, phase: str, turn: int) -> ModelReply:
     try:
-        with model_api_slot():  # a slot of the `labrun-model-api` limit in server mode
-            return model.complete(request)
+        return model.complete(request)
     except TransientModelError as e:
-        if e.retry_after and e.retry_after > LONG_WAIT_S:
-            # A reset hours away is a spent usage window: wait for it without holding retries.
-            raise UsageWindowSpent(str(e), resets_at=time.time() + e.retry_after) from None
-        if e.retry_after:
-            # Prefect's delays are fixed in advance: wait out the rest of retry-after here.
-            ctx = TaskRunContext.get()
-            done = ctx.task_run.run_count - 1 if ctx and ctx.task_run else 0
-            planned = RETRY_DELAYS[min(done, len(RETRY_DELAYS) - 1)] * (1 - JITTER)
-            time.sleep(max(0.0, e.retry_after - planned))
-        log.warning("%s turn %s: %s; retrying", phase, turn, e)
-        raise
+        back_off(e, f"{phase} turn {turn}")
 
 
 def run_turns(model: Model, toolbox: ToolBox, convo: Conversation, system: str, max_turns: int,

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from pydantic import BaseModel
+
+
+def add_usd(a: float, b: float) -> float:
+    """a + b as decimals: sums of prices carry no binary rounding drift, in any order."""
+    return float(Decimal(repr(a)) + Decimal(repr(b)))
 
 
 class Usage(BaseModel):
@@ -11,6 +18,9 @@ class Usage(BaseModel):
     cache_read_input_tokens: int = 0
     cache_creation_input_tokens: int = 0
     cost_usd: float = 0.0
+    estimated_usd: float = 0.0
+    """The part of `cost_usd` that labrun priced itself from streamed replies because no
+    bill for them came (an agent CLI killed before its result); 0 when all was billed."""
 
     def __add__(self, other: "Usage") -> "Usage":
         return Usage(
@@ -19,8 +29,12 @@ class Usage(BaseModel):
             cache_read_input_tokens=self.cache_read_input_tokens + other.cache_read_input_tokens,
             cache_creation_input_tokens=self.cache_creation_input_tokens
             + other.cache_creation_input_tokens,
-            cost_usd=round(self.cost_usd + other.cost_usd, 6),
+            cost_usd=add_usd(self.cost_usd, other.cost_usd),
+            estimated_usd=add_usd(self.estimated_usd, other.estimated_usd),
         )
+
+    def __sub__(self, other: "Usage") -> "Usage":
+        return self + Usage(**{k: -v for k, v in other.model_dump().items()})
 
     @property
     def total_tokens(self) -> int:

@@ -49,7 +49,7 @@ def refuse_if_repeated(session: Session, inp: RunExperimentInput, files: dict[st
     reason = None
     if last and last.status == "FAILED" and not (inp.fix_applied or "").strip():
         reason = (
-            f"attempt {last.n} failed ({last.error}); say in fix_applied what you changed "
+            f"attempt {_named(session, last)} failed ({last.error}); say in fix_applied what you changed "
             "before the next attempt"
         )
     else:
@@ -60,8 +60,8 @@ def refuse_if_repeated(session: Session, inp: RunExperimentInput, files: dict[st
             own = set(found["wrote"]) | set(a.outputs) | {a.metrics_file} - {None}
             if not [f for f in changed(found["before"], files) if not _under(f, own)]:
                 reason = (
-                    f"attempt {a.n} already ran this command on these same files and failed "
-                    f"({a.error}); change the code, its inputs or the command first"
+                    f"attempt {_named(session, a)} already ran this command on these same files and "
+                    f"failed ({a.error}); change the code, its inputs or the command first"
                 )
     if reason:
         session.store.log(f"run_experiment refused: {reason}")
@@ -70,6 +70,11 @@ def refuse_if_repeated(session: Session, inp: RunExperimentInput, files: dict[st
 
 def _under(path: str, paths: set[str]) -> bool:
     return any(path == p or path.startswith(p.rstrip("/") + "/") for p in paths)
+
+
+def _named(session: Session, attempt: Attempt) -> str:
+    """An earlier branch's attempt says so (`labrun rerun`: one numbering, every branch)."""
+    return f"{attempt.n}" if attempt.branch == session.state.branch else f"{attempt.n} (branch {attempt.branch})"
 
 
 def _attempt_key(context, parameters) -> str:

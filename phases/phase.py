@@ -43,7 +43,12 @@ def manifest_digest(manifest: dict[str, Any]) -> str:
 
 
 def _cache_key(context, p: dict[str, Any]) -> str:
-    return f"labrun-{p['session_id']}-{p['phase_key']}-{p['version']}-{p['upstream']}"
+    """`kept`: the key a phase that a rerun reuses finished under. A phase that a rerun runs
+    again has its branch in the key (branch 1's keys are those of a session that never reran)."""
+    if p.get("kept"):
+        return p["kept"]
+    branch = f"-b{p['branch']}" if p.get("branch", 1) > 1 else ""
+    return f"labrun-{p['session_id']}-{p['phase_key']}-{p['version']}-{p['upstream']}{branch}"
 
 
 @task(
@@ -53,14 +58,16 @@ def _cache_key(context, p: dict[str, Any]) -> str:
     persist_result=True,
 )
 def run_phase(session_id: str, workspace: str, phase_key: str, number: int, version: str,
-              upstream: str, rerun: bool = False) -> dict[str, Any]:
-    """`rerun`: the phase must run again (its outputs, or an upstream phase's, changed)."""
+              upstream: str, rerun: bool = False, branch: int = 1,
+              kept: str | None = None) -> dict[str, Any]:
+    """`rerun`: the phase must run again (its outputs, or an upstream phase's, changed).
+    `branch` and `kept`: see `_cache_key`."""
     session = Session.get(workspace)
     session.ws.check_disk()
     phase = BY_KEY[phase_key]
     phase_dir = session.ws.phase_dir(phase_key)
-    key = _cache_key(None, {"session_id": session_id, "phase_key": phase_key,
-                            "version": version, "upstream": upstream})
+    key = _cache_key(None, {"session_id": session_id, "phase_key": phase_key, "version": version,
+                            "upstream": upstream, "branch": branch, "kept": kept})
     order = list(session.state.phases)
     record = session.state.phases[phase_key]
     record.runs += 1
@@ -87,10 +94,8 @@ def run_phase(session_id: str, workspace: str, phase_key: str, number: int, vers
             convo = Conversation.start(phase_dir)
         # A phase cut off before its first reply keeps its prompt: the same request is asked again.
         if not any(r["kind"] == "system" for r in convo.records):
-            system = prompts.system_prompt(phase_key, session.idea.as_prompt_dict(),
-                                           session.idea.guidance_domain, prompts.digest(session.state),
-                                           order)
-            convo.append({"kind": "system", "text": system, "files_before": workspace_files(session.ws.root),
+            convo.append({"kind": "system", "text": prompts.phase_system_prompt(session, phase_key),
+                          "files_before": workspace_files(session.ws.root),
                           "prompt": prompts.prompt_digest(phase_key, session.idea.guidance_domain)})
         if not any(r["kind"] == "user" for r in convo.records):
             convo.add_user_text(prompts.kickoff(phase_key, order))

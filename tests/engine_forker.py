@@ -63,6 +63,7 @@ def _serve() -> None:
     import labrun.agents.anthropic  # noqa: F401  (everything a run imports, once)
     import labrun.agents.scripted  # noqa: F401
     import labrun.cli
+    import labrun.cli.running  # noqa: F401
     import labrun.flows.session  # noqa: F401
     import labrun.phases.phase  # noqa: F401
 

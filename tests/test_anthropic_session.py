@@ -609,3 +609,35 @@ def test_resume_with_another_model_and_settings_keeps_finished_phases_and_says_s
     assert report["session"]["model"] == "claude-sonnet-5"
     assert "model default → claude-sonnet-5 for the phases still to run" in (ws / "STATE.md").read_text()
     assert_usage_is_what_was_billed(ws, api, report)
+
+
+def test_a_rerun_from_analysis_with_another_model_asks_nothing_of_the_earlier_phases(
+        full_session, serve, cli, tmp_path):
+    """`labrun rerun --from analysis --model M`: the requests are analysis's and
+    documentation's only, all for M; each branch's usage is what its API billed."""
+    import shutil
+
+    first_result, first_api, finished = full_session
+    assert first_result.returncode == 0
+    ws = tmp_path / "ws"
+    shutil.copytree(finished, ws, symlinks=True)
+    api = serve(AutoResearcher())
+    result = cli("rerun", str(ws), "--from", "analysis", "--model", "claude-opus-4-7",
+                 "--note", "a stronger model")
+    assert result.returncode == 0, result.stderr
+    assert answered(api) == [(p, t) for p in ("analysis", "documentation") for t in range(1, TURNS[p] + 1)]
+    assert len(api.requests) == len(api.billed)
+    assert {r["body"]["model"] for r in api.requests} == {"claude-opus-4-7"}
+    assert {r["body"]["model"] for r in first_api.requests} == {"claude-opus-5-5"}
+
+    report = status(ws)
+    assert report["session"]["model"] == "claude-opus-4-7" and report["session"]["branch"] == 2
+    one, two = report["branches"]
+    assert (one["model"], two["model"], two["from_phase"], two["note"]) == (
+        None, "claude-opus-4-7", "analysis", "a stronger model")
+    for branch, billed_by in ((one, first_api), (two, api)):
+        billed = billed_total(billed_by)
+        for field in USAGE_FIELDS:
+            assert branch["usage"][field] == getattr(billed, field), field
+        assert branch["usage"]["cost_usd"] == pytest.approx(billed.cost_usd, abs=1e-9)
+    assert report["usage"]["cost_usd"] == pytest.approx(one["usage"]["cost_usd"] + two["usage"]["cost_usd"])

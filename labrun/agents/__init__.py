@@ -58,15 +58,22 @@ def require_priced(agent: str | None, model: str | None, budget_usd: float | Non
     require_price(model_name(model))
 
 
+def _model_agent(model: Model) -> ModelAgent:
+    """In a deployment's run every model call takes a slot of the model API's limit."""
+    from labrun.model_api_limit import LimitedModel, limited
+
+    return ModelAgent(LimitedModel(model) if limited() else model)
+
+
 def make_agent(agent: str, model: str | None = None, workspace: str | Path | None = None) -> Agent:
     if agent == "scripted":
         from labrun.agents.scripted import ScriptedModel
 
-        return ModelAgent(ScriptedModel(workspace))
+        return _model_agent(ScriptedModel(workspace))
     if agent == "anthropic":
         from labrun.agents.anthropic import AnthropicModel
 
-        return ModelAgent(AnthropicModel(model))
+        return _model_agent(AnthropicModel(model))
     if agent == "claude-code":
         from labrun.agents.claude_code import ClaudeCodeAgent
 

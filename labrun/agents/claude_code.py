@@ -1,75 +1,97 @@
-"""The Claude Code backend (`--agent claude-code`): a subscription's five-hour windows, the
-same durable tools.
+"""The Claude Code backend (`--agent claude-code`): each phase as `claude -p` runs in the
+workspace, on labrun's shared CLI base (`labrun.agents.cli_agent`: the phase loop, retries,
+process lifetime, the journal, the MCP tool server). This module holds what is Claude's:
 
-A phase is one or more `claude -p` runs in the workspace. The phase's system prompt goes in
-with `--append-system-prompt-file`, on every run, resumes included: appended, it keeps Claude
-Code's own instructions for its tools, and a file has no limit on its size as one argument
-has. The kickoff, the resume note or a nudge goes on stdin. Claude Code brings its own Bash,
-Read, Edit and Write (confined by its permission rules); labrun's `run_experiment` and
-`complete_phase` reach it through an MCP server in this process (`labrun.mcp_tools`, named
-with `--mcp-config` and `--strict-mcp-config`), so attempts stay Prefect subtasks of the
-phase and the engine alone writes STATE.md.
+- **The command line.** `-p --output-format stream-json --verbose`; the phase's system
+  prompt with `--append-system-prompt-file` (appended, it keeps Claude Code's own
+  instructions for its tools; a file has no size limit as an argument has), and
+  `--system-prompt-snapshot off`: by default Claude Code records a conversation's system
+  prompt on its first request and sends that record on every `--resume`, ignoring the file
+  given again (seen in 2.1.328's requests to a scripted API), so a resumed phase would not
+  see labrun's current prompt and STATE.md digest. The engine's tools with `--mcp-config`
+  and `--strict-mcp-config`; `--max-turns`, `--model`, `--resume <session>`; tools granted
+  with `--allowedTools` rules, built from the names the `system/init` event lists
+  (`MultiEdit`, `LS`, `TodoWrite` are gone in 2.1.x, and Claude Code ignores unknown names
+  silently), or `--dangerously-skip-permissions` when asked.
+- **The events.** `system/init` (session id, tools, MCP servers), `assistant` (one event per
+  content block, the message's usage so far repeated), `system/api_retry` (its own retries
+  of 429, 529 and 5xx), `rate_limit_event` (a subscription's window), `result` (this run's
+  `usage`, the session's running `total_cost_usd`, restored on `--resume` without the runs
+  that were killed, `num_turns`, `is_error`, `api_error_status`, `terminal_reason`).
+- **How a run ended** reads the structured fields first (a rejected `rate_limit_event`,
+  `api_error_status`, `api_error_type`, `terminal_reason`, `errors`) and the text only as a
+  fallback (`You've hit your 5-hour limit · resets 6:19am (UTC)`; older versions:
+  `Claude AI usage limit reached|<epoch>`). A spent window waits for its reset. An API-key
+  429 that Claude Code gave up on is transient: it passes on no reset time (it does not
+  retry at all when `retry-after` is long), so labrun's back-off waits it out.
+- **The environment.** `claude` gets what it needs to run and log in (paths, locale,
+  proxies, certificates, `ANTHROPIC_*`, `CLAUDE_*`, its switches) and `LABRUN_PASS_ENV`,
+  nothing else. `CLAUDE_CODE_SUBPROCESS_ENV_SCRUB=1` keeps its credentials out of the
+  commands its Bash runs; Claude Code then runs them in its sandbox, which needs bubblewrap
+  and socat (without them it refuses every command, so labrun sets it only when both are
+  there; `CLAUDE_CODE_SUBPROCESS_ENV_SCRUB=0` turns it off, and the sandbox's network rules
+  with it). A subscription login (`CLAUDE_CODE_OAUTH_TOKEN` or `claude
+  /login`) is used when there is one: an exported `ANTHROPIC_API_KEY` would take precedence
+  in Claude Code and bill the key, so it is not passed on unless `LABRUN_CLAUDE_AUTH=api-key`.
+- **The tools.** `ENABLE_TOOL_SEARCH=false` (unless set): Claude Code otherwise lists MCP
+  tools by name only, and the model spends a turn per run on `ToolSearch` before it can
+  call `complete_phase`. `bench/claude_tools.py` measured a six-phase session at 20 requests
+  and $1.03 with the tools offered at once, against 26 requests and $1.38 with them
+  deferred (loading them changes the tool list, so the prompt cache is written again). The
+  tools note says how to load them should they be deferred anyway.
 
-The phase's journal (`Conversation`) keeps, in records the rest of the engine already reads:
-a "reply" when a run starts (a crash is then resumed, not restarted) and one with what the
-run was billed when its `result` event arrives (`total_cost_usd`, `usage`); a "reply" with
-each MCP tool call and a "tool_result" with its answer; a "claude_session" record with the
-session id of each run's `system/init` event. Every event of run N goes, redacted, into
-`claude-run-NNN.jsonl` beside the journal, a new file per run.
-
-The phase ends when `complete_phase` succeeds. A run that ends short of it is resumed
-(`--resume <session>`) with a nudge, up to the phase's turn limit; an interrupted phase
-resumes with the resume note; a session that Claude Code no longer has is started afresh
-from the system prompt, which holds the STATE.md digest. A spent usage window raises
-`UsageWindowSpent`, which the flow waits out (`labrun.windows`).
+Why not `claude-agent-sdk` (evaluated at 0.2.184): it starts the CLI with the caller's whole
+environment merged under its options (nothing can be removed, so no scrubbing and no
+keeping `ANTHROPIC_API_KEY` from a subscription user), with no parent-death signal or PID
+namespace (its cleanup is an `atexit` SIGTERM, which a `kill -9` never runs); its API is
+async while phases are synchronous Prefect tasks, and its in-process MCP tools run on its
+event loop, so calls would still be handed to the phase's thread as here; it keeps parsed
+messages, not the raw lines a transcript needs; and its wheel carries a 160 MB CLI of its
+own. Adopting it would add code around it, not remove the driver.
 
 Settings from the environment: `LABRUN_CLAUDE` (the executable, default `claude`),
 `LABRUN_CLAUDE_PERMISSIONS` (`default`: `--allowedTools` rules; `skip`:
-`--dangerously-skip-permissions`), `LABRUN_PHASE_TIMEOUT_S` (default: the idea's
-`constraints.time_limit`), `LABRUN_CLAUDE_GRACE_S` (how long `claude` may go on after
-`complete_phase` succeeded, default 120).
+`--dangerously-skip-permissions`), `LABRUN_CLAUDE_AUTH` (`auto`, `subscription` or
+`api-key`), `LABRUN_PHASE_TIMEOUT_S` (default: the idea's `constraints.time_limit`),
+`LABRUN_CLI_GRACE_S` (how long `claude` may go on after `complete_phase` succeeded,
+default 120), `LABRUN_CLI_PIDNS=off` (no PID namespace).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import logging
 import os
-import queue
 import re
 import shutil
 import subprocess
-import threading
 import time
-from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta
+from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+from zoneinfo import ZoneInfo
 
 from labrun import prompts
 from labrun.agents import AgentUnavailable
-from labrun.commands import kill_group
-from labrun.journal import Conversation
-from labrun.mcp_tools import ToolCall, ToolServer, run_call
-from labrun.model import FatalModelError, UsageWindowSpent
-from labrun.secrets import redact
-from labrun.tools import ToolBox, ToolResult
-from labrun.turns import PhaseStopped
-from labrun.usage import Budget, Usage
+from labrun.agents.cli_agent import (CliAgent, Finished, Outcome, Retrying, RunPlan, Started, Streamed,
+                                     ToolUsed, Verdict, Window, passed_env)
+from labrun.usage import Usage
 from labrun.windows import clock
-from labrun.workspace import write_atomic
-
-log = logging.getLogger("labrun")
 
 TOOLS_NOTE = "claude_code.md.j2"
-ALLOWED_TOOLS = ("mcp__labrun", "Bash", "Read", "Edit", "MultiEdit", "Write", "Glob", "Grep",
-                 "LS", "NotebookEdit", "TodoWrite")
-MAX_FAILED_RUNS = 3
+WANTED_TOOLS = ("Bash", "Read", "Edit", "Write", "Glob", "Grep", "NotebookEdit")
 NO_CONVERSATION = "no conversation found with session id"
 LOGGED_OUT = re.compile(r"/login|invalid api key|not logged in|oauth token|authentication", re.I)
-USAGE_LIMIT = re.compile(r"usage limit|hit your limit|limit reached|limit will reset", re.I)
+USAGE_LIMIT = re.compile(r"usage limit|hit your (\S+ )?limit|limit reached|limit will reset", re.I)
 RESET_EPOCH = re.compile(r"\|(\d{9,11})\b")
+RESET_CLOCK = re.compile(r"resets (?:at )?(\d{1,2})(?::(\d{2}))?\s*([ap]m)?(?:\s*\(([^)]+)\))?", re.I)
+OVERLOADED = re.compile(r"overloaded|\b529\b|\b5\d\d\b.*server", re.I)
+TRANSIENT_TYPES = {"overloaded_error", "rate_limit_error", "api_error", "timeout_error"}
+SUBSCRIPTION_KEY = "ANTHROPIC_API_KEY"  # takes precedence over a subscription in Claude Code
+# Set by a Claude Code that runs labrun itself: they would mark our claude as its child.
+PARENT_MARKS = ("CLAUDE_CODE_ENTRYPOINT", "CLAUDE_CODE_SESSION_ID", "CLAUDE_CODE_CHILD_SESSION",
+                "CLAUDE_CODE_CHILD_NOTES_DIR", "CLAUDE_CODE_MESSAGING_SOCKET", "CLAUDE_CODE_MESSAGING_TOKEN",
+                "CLAUDE_CODE_EXECPATH", "CLAUDE_CODE_SESSION_ATTENDED", "CLAUDE_PID")
 
 MISSING = ("Claude Code is not installed (no `{exe}` on PATH): install it with "
            "`npm install -g @anthropic-ai/claude-code`, then log in with `claude /login` "
@@ -78,384 +100,248 @@ NOT_LOGGED_IN = ("Claude Code is not logged in ({said}): run `claude /login` (or
                  "setup-token` where no browser opens), then `labrun resume {root}`")
 
 
-class ClaudeCodeFailed(FatalModelError):
-    """`claude` kept failing; the message gives its last error."""
+class ClaudeCodeAgent(CliAgent):
+    name = "claude"
+    tools_note = TOOLS_NOTE
 
-
-class PhaseTimeout(PhaseStopped):
-    pass
-
-
-@dataclass
-class Outcome:
-    """How one `claude` run ended."""
-
-    result: dict[str, Any] | None = None
-    rejected: dict[str, Any] | None = None
-    """`rate_limit_info` of a `rate_limit_event` with status "rejected"."""
-    stopped: str | None = None
-    """"timeout" or "completed" when labrun stopped the process."""
-    exit_code: int | None = None
-    stderr: str = ""
-
-
-class ClaudeCodeAgent:
     def __init__(self, model: str | None = None, workspace: str | Path | None = None):
-        self.model = model
         exe = os.environ.get("LABRUN_CLAUDE", "claude")
-        self.executable = shutil.which(exe)
-        if self.executable is None:
+        found = shutil.which(exe)
+        if found is None:
             raise AgentUnavailable(MISSING.format(exe=exe))
+        super().__init__(found)
+        self.model = model
+        self.workspace = workspace
         self.permissions = os.environ.get("LABRUN_CLAUDE_PERMISSIONS", "default")
         if self.permissions not in ("default", "skip"):
             raise AgentUnavailable(
                 f"LABRUN_CLAUDE_PERMISSIONS={self.permissions!r}: use `default` (allowed-tool "
                 "rules) or `skip` (--dangerously-skip-permissions)")
+        self.auth = os.environ.get("LABRUN_CLAUDE_AUTH", "auto")
+        if self.auth not in ("auto", "subscription", "api-key"):
+            raise AgentUnavailable(f"LABRUN_CLAUDE_AUTH={self.auth!r}: use `auto`, `subscription` or `api-key`")
+        self.snapshot_off = has_option(found, "--system-prompt-snapshot")  # asked once, before any phase
         note, _, _ = prompts.env.loader.get_source(prompts.env, TOOLS_NOTE)
         self.settings = {"model": model, "tools_note": hashlib.sha256(note.encode()).hexdigest()[:12]}
 
-    # -- the phase -------------------------------------------------------------------------
+    # -- the command line and the environment ---------------------------------------------------
 
-    def run_phase(self, toolbox: ToolBox, convo: Conversation, system: str, max_turns: int,
-                  budget: Budget) -> None:
-        phase, root = toolbox.phase.key, toolbox.root
-        phase_dir = convo.path.parent
-        system_file = phase_dir / "claude-system-prompt.md"
-        write_atomic(system_file, system.rstrip() + "\n\n" + prompts.env.get_template(TOOLS_NOTE).render() + "\n")
-        timeout = float(os.environ.get("LABRUN_PHASE_TIMEOUT_S") or toolbox.session.time_limit_s)
-        deadline = time.monotonic() + timeout
-        close_orphaned_transcript(phase_dir)
-        inbox: queue.Queue = queue.Queue()
-        order = list(toolbox.session.state.phases)
-        failures = 0
-        with ToolServer(inbox) as server:
-            mcp_config = phase_dir / "claude-mcp.json"
-            write_atomic(mcp_config, json.dumps(server.mcp_config(), indent=2))
-            mcp_config.chmod(0o600)
-            while toolbox.completed is None:
-                turns = claude_turns(convo)
-                if turns >= max_turns:
-                    raise PhaseStopped(
-                        f"phase {phase} reached its limit of {max_turns} turns; raise it with "
-                        f"`labrun resume {root} --max-turns {max_turns * 2}`")
-                budget.check()
-                if not pending_texts(convo):
-                    convo.add_user_text(prompts.nudge(phase, "; ".join(toolbox.missing()), order))
-                session_id = current_session(convo)
-                texts = list(dict.fromkeys(pending_texts(convo)))  # a restarted phase repeats its kickoff
-                if session_id is None:  # a new session starts from the kickoff
-                    kickoff = prompts.kickoff(phase, order)
-                    texts = [kickoff] + [t for t in texts if t != kickoff]
-                argv = self.argv(system_file, mcp_config, session_id, max_turns - turns)
-                out = self.run_once(toolbox, convo, inbox, argv, "\n\n".join(texts), session_id, deadline)
-                if out.result is not None:
-                    budget.spend(record_result(convo, out.result))
-                if toolbox.completed is not None:
-                    break
-                if out.stopped == "timeout":
-                    raise PhaseTimeout(f"it ran past its timeout of {timeout:g} s and claude was stopped; "
-                                       "a resume continues the same Claude Code session")
-                spent = window_spent(out)
-                if spent is not None:
-                    raise spent
-                said = result_text(out)
-                if out.result is not None and NO_CONVERSATION in said.lower():
-                    log.warning("%s: Claude Code has no session %s here; starting a new one", phase, session_id)
-                    convo.append({"kind": "claude_session", "session_id": None, "note": said[:300]})
-                    convo.add_user_text(prompts.resume_note(phase, [], order))
-                    continue
-                if (out.result is None or out.result.get("is_error")) and LOGGED_OUT.search(said):
-                    raise AgentUnavailable(NOT_LOGGED_IN.format(said=said.strip()[:120], root=root))
-                if out.result is None and "unknown option" in out.stderr:
-                    raise AgentUnavailable(f"this Claude Code is too old for labrun ({out.stderr.strip().splitlines()[-1][:120]}): "
-                                           "update it with `claude update`")
-                error = run_error(out)
-                if error is None:
-                    failures = 0
-                    continue  # it stopped short of complete_phase: nudge it on
-                failures += 1
-                log.warning("%s: claude run failed: %s", phase, error)
-                if failures >= MAX_FAILED_RUNS:
-                    raise ClaudeCodeFailed(f"claude failed {failures} times in a row; the last: {error}")
-                convo.add_user_text(prompts.resume_note(phase, [], order))
-
-    def argv(self, system_file: Path, mcp_config: Path, session_id: str | None, turns_left: int) -> list[str]:
+    def argv(self, plan: RunPlan) -> list[str]:
         argv = [self.executable, "-p", "--output-format", "stream-json", "--verbose",
-                "--append-system-prompt-file", str(system_file),
-                "--mcp-config", str(mcp_config), "--strict-mcp-config",
-                "--max-turns", str(max(1, turns_left))]
+                "--append-system-prompt-file", str(plan.system_file),
+                "--mcp-config", str(plan.mcp_config), "--strict-mcp-config",
+                "--max-turns", str(max(1, plan.turns_left))]
+        if self.snapshot_off:
+            argv += ["--system-prompt-snapshot", "off"]
         if self.model:
             argv += ["--model", self.model]
-        if session_id:
-            argv += ["--resume", session_id]
+        if plan.session_id:
+            argv += ["--resume", plan.session_id]
         if self.permissions == "skip":
             argv.append("--dangerously-skip-permissions")
         else:
-            argv += ["--allowedTools", ",".join(ALLOWED_TOOLS)]
+            argv += ["--allowedTools", ",".join(self.allowed_tools())]
         return argv
 
-    def environment(self, timeout: float) -> dict[str, str]:
-        env = dict(os.environ)  # Claude Code needs its own login; nothing is scrubbed here
-        env.setdefault("MCP_TOOL_TIMEOUT", str(int((timeout + 300) * 1000)))
+    def allowed_tools(self) -> list[str]:
+        """labrun's MCP server, and the tools it wants that this Claude Code has."""
+        known = self.known_tools
+        return ["mcp__labrun"] + [t for t in WANTED_TOOLS if known is None or t in known]
+
+    def environment(self, timeout_s: float) -> dict[str, str]:
+        login, dropped = choose_login(self.auth)
+        prefixes = ["ANTHROPIC_", "CLAUDE_", "DISABLE_", "VERTEX_REGION_"]
+        if os.environ.get("CLAUDE_CODE_USE_BEDROCK"):
+            prefixes.append("AWS_")
+        if os.environ.get("CLAUDE_CODE_USE_VERTEX"):
+            prefixes += ["GOOGLE_", "CLOUDSDK_", "CLOUD_ML_"]
+        env = passed_env(names=("IS_SANDBOX", "ENABLE_TOOL_SEARCH", "MAX_THINKING_TOKENS", "API_TIMEOUT_MS",
+                                "BASH_DEFAULT_TIMEOUT_MS", "BASH_MAX_TIMEOUT_MS", "MCP_TIMEOUT",
+                                "MCP_TOOL_TIMEOUT", "USE_BUILTIN_RIPGREP", "NODE_OPTIONS"),
+                         prefixes=prefixes, drop=set(dropped) | set(PARENT_MARKS))
+        if can_sandbox():
+            env.setdefault("CLAUDE_CODE_SUBPROCESS_ENV_SCRUB", "1")  # no credentials in its Bash
+        env.setdefault("ENABLE_TOOL_SEARCH", "false")  # the MCP tools offered at once, no ToolSearch turn
+        env.setdefault("MCP_TOOL_TIMEOUT", str(int((timeout_s + 300) * 1000)))
         if self.permissions == "skip" and hasattr(os, "geteuid") and os.geteuid() == 0:
             env["IS_SANDBOX"] = "1"  # Claude Code refuses to bypass permissions as root otherwise
         return env
 
-    # -- one run ---------------------------------------------------------------------------
+    def needs_namespace(self, env: dict[str, str]) -> bool:
+        """Claude Code's sandbox (on with the scrub) runs each Bash command in a PID namespace
+        of its own that ends with the command and with claude, and it cannot make one inside
+        labrun's; without it, labrun's namespace ends what its commands leave running."""
+        return env.get("CLAUDE_CODE_SUBPROCESS_ENV_SCRUB", "").lower() not in ("1", "true", "yes", "on")
 
-    def run_once(self, toolbox: ToolBox, convo: Conversation, inbox: queue.Queue, argv: list[str],
-                 prompt: str, session_id: str | None, deadline: float) -> Outcome:
-        phase = toolbox.phase.key
-        n, transcript = new_transcript(convo.path.parent)
-        convo.append({"kind": "reply", "stop_reason": None, "usage": Usage().model_dump(),
-                      "content": [{"type": "text", "text": f"[claude run {n}: "
-                                   + (f"resuming session {session_id}]" if session_id else "new session]")}],
-                      "claude": {"run": n, "event": "start", "resume": session_id, "transcript": transcript.name}})
-        write_line(transcript, {"type": "labrun", "event": "start", "run": n, "at": _now(),
-                                "argv": argv, "prompt": redact(prompt)})
-        log.info("%s · claude run %d · %s", phase, n, f"resuming session {session_id}" if session_id else "new session")
-        out = Outcome()
-        stderr_path = transcript.with_suffix(".stderr")
-        with open(stderr_path, "wb") as stderr:
-            proc = subprocess.Popen(argv, cwd=toolbox.root, env=self.environment(deadline - time.monotonic()),
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
-                                    start_new_session=True)
-        threading.Thread(target=_feed, args=(proc, prompt), daemon=True).start()
-        threading.Thread(target=_read, args=(proc, transcript, inbox), daemon=True).start()
+    def announce(self) -> str:
+        login, _ = choose_login(self.auth)
+        said = f"claude-code: {version(self.executable)} ({self.executable}); login: {login}"
+        if not can_sandbox():
+            said += ("; its Bash commands can read that login: install bubblewrap and socat so that "
+                     "Claude Code sandboxes them without it")
+        return said
 
-        def stop(why: str) -> None:
-            if out.stopped is None and proc.poll() is None:
-                out.stopped = why
-                kill_group(proc.pid)
+    # -- the events ------------------------------------------------------------------------------
 
-        timers = [threading.Timer(max(0.0, deadline - time.monotonic()), stop, ["timeout"])]
-        timers[0].start()
-        calls = 0
-        try:
-            while True:
-                try:
-                    kind, item = inbox.get(timeout=1.0)
-                except queue.Empty:
-                    if proc.poll() is not None:  # exited, yet something holds its stdout open
-                        kill_group(proc.pid)
-                    continue
-                if kind == "eof":
-                    break
-                if kind == "tool":
-                    calls += 1
-                    self.serve(toolbox, convo, item, f"claude-{n}-{calls}")
-                    if toolbox.completed is not None and len(timers) == 1:
-                        grace = float(os.environ.get("LABRUN_CLAUDE_GRACE_S", "120"))
-                        timers.append(threading.Timer(grace, stop, ["completed"]))
-                        timers[-1].start()
-                    continue
-                event = item
-                kind = event.get("type")
-                if kind == "system" and event.get("subtype") == "init":
-                    convo.append({"kind": "claude_session", "run": n, "session_id": event.get("session_id")})
-                    for server in event.get("mcp_servers") or []:
-                        if server.get("name") == "labrun" and server.get("status") != "connected":
-                            log.warning("%s: claude could not connect to labrun's MCP server (%s)",
-                                        phase, server.get("status"))
-                elif kind == "assistant":
-                    for block in (event.get("message") or {}).get("content") or []:
-                        if block.get("type") == "tool_use" and not block.get("name", "").startswith("mcp__labrun"):
-                            log.info("%s · claude run %d · %s", phase, n, block.get("name"))
-                elif kind == "rate_limit_event":
-                    info = event.get("rate_limit_info") or {}
-                    if info.get("status") == "rejected":
-                        out.rejected = info
-                    elif info.get("status") == "allowed_warning":
-                        log.warning("%s: Claude usage window (%s) nearly spent; it resets at %s", phase,
-                                    info.get("rateLimitType", "?"),
-                                    clock(info["resetsAt"]) if info.get("resetsAt") else "?")
-                elif kind == "result":
-                    out.result = event
-        except BaseException:
-            stop("engine")
-            raise
-        finally:
-            for timer in timers:
-                timer.cancel()
-            try:
-                out.exit_code = proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:  # its output ended but it does not exit
-                stop("engine")
-                out.exit_code = proc.wait()
-            kill_group(proc.pid)  # nothing it started outlives it
-        stderr_text = stderr_path.read_text(errors="replace")
-        if redact(stderr_text) != stderr_text:
-            stderr_path.write_text(redact(stderr_text))
-        out.stderr = redact(stderr_text[-2000:])
-        if out.result is not None:
-            note = "billed as its result event says"
-        else:
-            why = {"timeout": "killed at the phase timeout", "completed": "stopped after complete_phase",
-                   "engine": "stopped by the engine"}.get(out.stopped or "", f"exited with code {out.exit_code}")
-            note = f"claude {why} before its result event: this run has no billed figure to record"
-        write_line(transcript, {"type": "labrun", "event": "end", "run": n, "at": _now(),
-                                "exit_code": out.exit_code, "stopped": out.stopped, "note": note})
-        return out
+    def read(self, event: dict[str, Any]) -> Iterator[Any]:
+        kind, subtype = event.get("type"), event.get("subtype")
+        if kind == "system" and subtype == "init":
+            problem = None
+            for server in event.get("mcp_servers") or []:
+                if server.get("name") == "labrun" and server.get("status") != "connected":
+                    problem = f"claude could not connect to labrun's MCP server ({server.get('status')})"
+            yield Started(event.get("session_id"), event.get("tools"), problem)
+        elif kind == "system" and subtype == "api_retry":
+            delay = event.get("retry_delay_ms")
+            yield Retrying(event.get("attempt"), event.get("max_retries"),
+                           delay / 1000 if isinstance(delay, (int, float)) else None,
+                           event.get("error_status"), str(event.get("error") or ""))
+        elif kind == "assistant":
+            message = event.get("message") or {}
+            if event.get("error") or message.get("model") == "<synthetic>" or not message.get("id"):
+                return  # Claude Code's own error text, not a model reply: nothing was billed
+            yield Streamed(message["id"], message.get("model") or self.model or "", tokens(message.get("usage")))
+            for block in message.get("content") or []:
+                if block.get("type") == "tool_use" and not block.get("name", "").startswith("mcp__labrun"):
+                    yield ToolUsed(block.get("name", "?"))
+        elif kind == "rate_limit_event":
+            info = event.get("rate_limit_info") or {}
+            status = {"allowed_warning": "warning"}.get(info.get("status"), info.get("status") or "")
+            resets = info.get("resetsAt")
+            yield Window(status, float(resets) if resets else None, info.get("rateLimitType") or "usage")
+        elif kind == "result":
+            total = event.get("total_cost_usd")
+            yield Finished(event.get("session_id"), tokens(event.get("usage")),
+                           float(total) if isinstance(total, (int, float)) else None,
+                           int(event.get("num_turns") or 0), subtype, bool(event.get("is_error")),
+                           event=event)
 
-    def serve(self, toolbox: ToolBox, convo: Conversation, call: ToolCall, call_id: str) -> None:
-        """One MCP tool call, journaled like a model's: the call before it runs, its result
-        after, so that a call cut off by a crash is answered as interrupted on resume."""
+    # -- how a run ended -------------------------------------------------------------------------
 
-        def before(c: ToolCall) -> None:
-            convo.append({"kind": "reply", "stop_reason": "tool_use", "usage": Usage().model_dump(),
-                          "content": [{"type": "tool_use", "id": call_id, "name": c.name, "input": c.arguments}],
-                          "claude": {"event": "tool"}})
-
-        def after(c: ToolCall, result: ToolResult) -> None:
-            convo.add_tool_result(call_id, c.name, result.content, result.is_error)
-            log.info("%s · %s%s", toolbox.phase.key, c.name, " (error)" if result.is_error else "")
-
-        run_call(toolbox, call, before, after)
+    def judge(self, out: Outcome) -> Verdict:
+        result = out.finished.event if out.finished is not None else None
+        said = said_by(out)
+        root = self.workspace or "."
+        if result is None:
+            if out.rejected is not None:
+                return window(out, said)
+            if "unknown option" in out.stderr:
+                last = out.stderr.strip().splitlines()[-1][:120]
+                return Verdict("unusable", f"this Claude Code is too old for labrun ({last}): update it "
+                                           "with `claude update`")
+            if LOGGED_OUT.search(said):
+                return Verdict("logged_out", NOT_LOGGED_IN.format(said=said.strip()[:120], root=root))
+            last = (out.stderr.strip().splitlines() or ["no output on stderr"])[-1]
+            return Verdict("failed", f"claude exited with code {out.exit_code} before its result ({last[:300]})")
+        if not result.get("is_error") or result.get("subtype") == "error_max_turns":
+            return Verdict("ok")
+        status = result.get("api_error_status")
+        status = int(status) if isinstance(status, (int, float)) else None
+        if out.rejected is not None or (status == 429 and USAGE_LIMIT.search(said)):
+            return window(out, said)
+        if NO_CONVERSATION in said.lower():
+            return Verdict("lost_session", said)
+        if status in (401, 403) or (status is None and LOGGED_OUT.search(said)):
+            return Verdict("logged_out", NOT_LOGGED_IN.format(said=said.strip()[:120], root=root))
+        error_type = result.get("api_error_type")
+        if status in (408, 409, 429) or (status or 0) >= 500 or error_type in TRANSIENT_TYPES or (
+                status is None and result.get("terminal_reason") == "api_error" and OVERLOADED.search(said)):
+            retried = f" after {len(out.retries)} retries of its own" if out.retries else ""
+            return Verdict("transient", f"the API is busy or limiting ({status or error_type}){retried}: "
+                                        f"{said.strip()[:200]}")
+        if USAGE_LIMIT.search(said):  # the text alone, for versions without the fields
+            return window(out, said)
+        return Verdict("failed", f"{result.get('subtype')}: {said[:300] or 'no message'}")
 
 
-# -- the journal ---------------------------------------------------------------------------
+# -- reading Claude Code ------------------------------------------------------------------------
 
 
-def pending_texts(convo: Conversation) -> list[str]:
-    """User messages written since the last run started: the next run's prompt."""
-    texts: list[str] = []
-    for r in convo.records:
-        if r["kind"] == "reply" and (r.get("claude") or {}).get("event") == "start":
-            texts = []
-        elif r["kind"] == "user":
-            texts += [b["text"] for b in r["content"] if b.get("type") == "text"]
-    return texts
+def tokens(usage: dict[str, Any] | None) -> Usage:
+    u = usage or {}
+    return Usage(**{k: int(u.get(k) or 0) for k in ("input_tokens", "output_tokens", "cache_read_input_tokens",
+                                                     "cache_creation_input_tokens")})
 
 
-def current_session(convo: Conversation) -> str | None:
-    found = None
-    for r in convo.records:
-        if r["kind"] == "claude_session":
-            found = r.get("session_id")
-    return found
-
-
-def claude_turns(convo: Conversation) -> int:
-    return sum(int((r.get("claude") or {}).get("num_turns") or 0) for r in convo.records
-               if r["kind"] == "reply" and (r.get("claude") or {}).get("event") == "result")
-
-
-def record_result(convo: Conversation, result: dict[str, Any]) -> Usage:
-    """What a run was billed, as a "reply" record (so `labrun status` counts it)."""
-    u = result.get("usage") or {}
-    usage = Usage(**{k: int(u.get(k) or 0) for k in ("input_tokens", "output_tokens",
-                                                     "cache_read_input_tokens", "cache_creation_input_tokens")},
-                  cost_usd=float(result.get("total_cost_usd") or 0.0))
-    subtype = result.get("subtype")
-    turns = int(result.get("num_turns") or 0)
-    convo.append({"kind": "reply", "stop_reason": subtype, "usage": usage.model_dump(),
-                  "content": [{"type": "text", "text": f"[claude result: {subtype}, {turns} turns, "
-                               f"${usage.cost_usd:.4f}]"}],
-                  "claude": {"event": "result", "subtype": subtype, "is_error": bool(result.get("is_error")),
-                             "num_turns": turns, "session_id": result.get("session_id")}})
-    return usage
-
-
-# -- reading how a run ended ----------------------------------------------------------------
-
-
-def result_text(out: Outcome) -> str:
-    r = out.result or {}
+def said_by(out: Outcome) -> str:
+    r = out.finished.event if out.finished is not None else {}
     parts = [str(r.get("result") or "")] + [str(e) for e in r.get("errors") or []]
-    if out.result is None:
+    if out.finished is None:
         parts.append(out.stderr)
     return " ".join(p for p in parts if p)
 
 
-def window_spent(out: Outcome) -> UsageWindowSpent | None:
-    """A spent usage window: a rejected `rate_limit_event`, or a result that reports the
-    usage limit (older versions: `Claude AI usage limit reached|<epoch>`)."""
-    said = result_text(out)
-    failed = out.result is None or (bool(out.result.get("is_error"))
-                                    and out.result.get("subtype") != "error_max_turns")
-    if not failed or not (out.rejected or USAGE_LIMIT.search(said)):
+def window(out: Outcome, said: str) -> Verdict:
+    """A spent usage window: its reset from the rejected `rate_limit_event`, else from the text."""
+    resets_at = out.rejected.resets_at if out.rejected is not None else None
+    if resets_at is None:
+        resets_at = reset_from_text(said)
+    kind = out.rejected.kind if out.rejected is not None else "usage"
+    until = f"until {clock(resets_at)}" if resets_at else "(no reset time given)"
+    return Verdict("window", f"Claude Code's {kind} limit is reached {until}", resets_at)
+
+
+def reset_from_text(said: str, now: float | None = None) -> float | None:
+    """`...|1767225600` (older versions), or `resets 6:19am (UTC)`: the next such time."""
+    if m := RESET_EPOCH.search(said):
+        return float(m.group(1))
+    m = RESET_CLOCK.search(said)
+    if not m:
         return None
-    resets_at = (out.rejected or {}).get("resetsAt")
-    if resets_at is None and (m := RESET_EPOCH.search(said)):
-        resets_at = int(m.group(1))
-    resets_at = float(resets_at) if resets_at is not None else time.time()
-    kind = (out.rejected or {}).get("rateLimitType", "usage")
-    return UsageWindowSpent(f"Claude Code's {kind} limit is reached until {clock(resets_at)}",
-                            resets_at=resets_at)
-
-
-def run_error(out: Outcome) -> str | None:
-    """Why a run failed, or None when it ended normally (short of complete_phase or not)."""
-    if out.result is not None:
-        if not out.result.get("is_error") or out.result.get("subtype") == "error_max_turns":
-            return None
-        return f"{out.result.get('subtype')}: {result_text(out)[:300] or 'no message'}"
-    last = out.stderr.strip().splitlines()[-1:] or ["no output on stderr"]
-    return f"claude exited with code {out.exit_code} before its result event ({last[0][:300]})"
-
-
-# -- transcripts ---------------------------------------------------------------------------
-
-
-def new_transcript(phase_dir: Path) -> tuple[int, Path]:
-    """The next `claude-run-NNN.jsonl`, created here: a transcript is never overwritten."""
-    phase_dir.mkdir(parents=True, exist_ok=True)
-    n = len(list(phase_dir.glob("claude-run-*.jsonl"))) + 1
-    while True:
-        path = phase_dir / f"claude-run-{n:03d}.jsonl"
-        try:
-            with open(path, "x"):
-                return n, path
-        except FileExistsError:
-            n += 1
-
-
-def close_orphaned_transcript(phase_dir: Path) -> None:
-    """A run the engine died in has no end line: say there what is known."""
-    runs = sorted(phase_dir.glob("claude-run-*.jsonl"))
-    if not runs:
-        return
-    lines = runs[-1].read_text(errors="replace").splitlines()
-    if lines and '"event": "end"' not in lines[-1] and '"event":"end"' not in lines[-1]:
-        ended = any('"type":"result"' in x.replace(" ", "") for x in lines)
-        write_line(runs[-1], {"type": "labrun", "event": "end", "at": _now(), "note":
-                              "the engine stopped during this run" + ("" if ended else
-                              "; claude never reported a result: this run has no billed figure to record")})
-
-
-def write_line(path: Path, record: dict[str, Any]) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record, ensure_ascii=False) + "\n")
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def _feed(proc: subprocess.Popen, prompt: str) -> None:
+    hour, minute, half, zone = int(m.group(1)), int(m.group(2) or 0), (m.group(3) or "").lower(), m.group(4)
+    if half:
+        hour = hour % 12 + (12 if half == "pm" else 0)
     try:
-        proc.stdin.write(prompt.encode())
-        proc.stdin.close()
-    except (BrokenPipeError, OSError):
-        pass
+        tz = ZoneInfo(zone) if zone else None
+    except (KeyError, ValueError):
+        tz = None
+    base = datetime.fromtimestamp(time.time() if now is None else now, tz)
+    at = base.replace(hour=hour % 24, minute=minute, second=0, microsecond=0)
+    if at <= base:
+        at += timedelta(days=1)
+    return at.timestamp()
 
 
-def _read(proc: subprocess.Popen, transcript: Path, inbox: queue.Queue) -> None:
-    """Every line of the stream into the transcript (redacted) and, parsed, to the engine."""
-    with open(transcript, "a", encoding="utf-8") as f:
-        for raw in proc.stdout:
-            line = redact(raw.decode(errors="replace").rstrip("\r\n"))
-            if not line.strip():
-                continue
-            try:
-                event = json.loads(line)
-                if not isinstance(event, dict):
-                    raise ValueError
-            except ValueError:
-                event = {"type": "labrun", "event": "not-json", "text": line[:2000]}
-                line = json.dumps(event, ensure_ascii=False)
-            f.write(line + "\n")
-            f.flush()
-            inbox.put(("event", event))
-        os.fsync(f.fileno())
-    inbox.put(("eof", None))
+def choose_login(mode: str) -> tuple[str, list[str]]:
+    """Which login `claude` uses, said in words, and the variables not to pass it."""
+    env = os.environ
+    config = Path(env.get("CLAUDE_CONFIG_DIR") or Path.home() / ".claude")
+    token = bool(env.get("CLAUDE_CODE_OAUTH_TOKEN"))
+    subscription = token or (config / ".credentials.json").exists()
+    key = next((n for n in (SUBSCRIPTION_KEY, "ANTHROPIC_AUTH_TOKEN") if env.get(n)), None)
+    if mode == "api-key" or (mode == "auto" and key and not subscription):
+        if key is None:
+            return "API key asked for (LABRUN_CLAUDE_AUTH=api-key), but ANTHROPIC_API_KEY is not set", []
+        return f"API key ({key}): usage is billed to that key", []
+    how = "CLAUDE_CODE_OAUTH_TOKEN" if token else f"`claude /login` in {config}"
+    said = f"Claude subscription ({how})" if subscription else \
+        "none found (no CLAUDE_CODE_OAUTH_TOKEN, no `claude /login`, no ANTHROPIC_API_KEY)"
+    dropped = [SUBSCRIPTION_KEY] if env.get(SUBSCRIPTION_KEY) else []
+    if dropped:
+        said += ("; ANTHROPIC_API_KEY is set but not passed on, as Claude Code would bill it instead "
+                 "(LABRUN_CLAUDE_AUTH=api-key uses it)")
+    return said, dropped
+
+
+def can_sandbox() -> bool:
+    """Claude Code keeps its credentials out of its Bash (CLAUDE_CODE_SUBPROCESS_ENV_SCRUB)
+    only inside its own sandbox, which on Linux needs bubblewrap and socat."""
+    return bool(shutil.which("bwrap") and shutil.which("socat"))
+
+
+@lru_cache(maxsize=8)
+def has_option(executable: str, option: str) -> bool:
+    try:
+        text = subprocess.run([executable, "--help"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return option in text
+
+
+@lru_cache(maxsize=8)
+def version(executable: str) -> str:
+    try:
+        said = subprocess.run([executable, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        said = ""
+    return said.strip() or "Claude Code (version unknown)"

@@ -52,6 +52,18 @@ def task_runs(flow_run_id) -> list[Any]:
         )
 
 
+def latest_task_states(flow_run_id, since=None) -> dict[str, str]:
+    """Task run name → state name of the newest task run of that name (after `since`, a
+    datetime)."""
+    found: dict[str, tuple[Any, str]] = {}
+    for t in task_runs(flow_run_id):
+        if since is not None and t.created < since:
+            continue
+        if t.name not in found or t.created > found[t.name][0]:
+            found[t.name] = (t.created, t.state.name if t.state else "")
+    return {k: v for k, (_, v) in found.items()}
+
+
 def status_json(workspace: Path, env: dict[str, str]) -> dict[str, Any]:
     out = subprocess.run([sys.executable, "-m", "labrun.cli", "status", str(workspace), "--json"],
                          env=env, capture_output=True, text=True)

@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from labrun import server as srv
+from labrun.serving import submit
 
 from e2e_helpers import client, status_json, wait_for
 
@@ -37,10 +37,11 @@ def test_a_spent_window_reschedules_the_flow_run(prefect_server, worker, tmp_pat
         "FAKE_CLAUDE_HOME": str(tmp_path / "claude-home"),
         "FAKE_CLAUDE_LOG": str(log),
         "FAKE_CLAUDE_FAULTS": str(faults),
+        "LABRUN_PASS_ENV": "FAKE_CLAUDE_HOME,FAKE_CLAUDE_LOG,FAKE_CLAUDE_FAULTS,FAKE_CLAUDE_LOGGED_OUT",  # claude gets a scrubbed environment
         "LABRUN_MIN_WINDOW_WAIT_S": "0",
         "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30",
     }
-    run = srv.submit_session(idea, ws, agent="claude-code", job_variables={"env": env})
+    run = submit.submit_session(idea, ws, agent="claude-code", job_variables={"env": env})
 
     final = wait_for([run.id])[str(run.id)]
     assert final.state.type.value == "COMPLETED", final.state
@@ -56,7 +57,9 @@ def test_a_spent_window_reschedules_the_flow_run(prefect_server, worker, tmp_pat
     # scheduled for the reset time: 8 s after the window was hit (resetsAt is whole seconds)
     assert 5.5 < state.state_details.scheduled_time.timestamp() - setup[0]["time"] < 9.5
     # a new engine process ran the rescheduled flow run: the first one had exited
-    assert setup[0]["ppid"] != setup[1]["ppid"]
+    engines = [json.loads(f.read_text().splitlines()[0])["engine_pid"]
+               for f in sorted((ws / ".labrun" / "phases" / "setup").glob("claude-run-*.jsonl"))]
+    assert len(engines) == 2 and engines[0] != engines[1]
     assert setup[1]["time"] >= state.state_details.scheduled_time.timestamp() - 1
     assert "--resume" in setup[1]["argv"]
     assert status_json(ws, prefect_server.env)["session"]["complete"]

@@ -1,0 +1,681 @@
+"""What labrun's coding-CLI backends share: Claude Code today, Codex and Gemini CLI next.
+
+A phase is one or more runs of the agent's CLI in the workspace. The CLI brings its own
+shell and editor; labrun's `run_experiment` and `complete_phase` reach it over MCP from a
+server in this process (`labrun.mcp_tools.ToolServer`), so attempts stay Prefect subtasks
+and the engine alone writes STATE.md. The phase ends when `complete_phase` succeeds.
+
+The base does, for every CLI:
+
+- **The phase loop** (`run_phase`): turn limit, budget and disk checks before each run; the
+  next run's prompt from the journal (the kickoff, a nudge when a run stopped short of
+  `complete_phase`, the resume note after an interruption); a session the CLI no longer
+  has is started afresh; three failed runs in a row stop the phase.
+- **The retry layer**: each run is a Prefect task (`agent_run`) with the same retry policy
+  as a model call (`labrun.turns.RETRY_POLICY`), so a run that ends on a transient API
+  error (persistent 429, 529, overload) is run again after back-off, never counted as a
+  failure. A spent usage window raises `UsageWindowSpent`, which the flow waits out
+  (`labrun.windows`).
+- **Process lifetime** (`spawn`): nothing the CLI starts outlives the engine. The CLI gets
+  a parent-death signal and stays in the engine's process group; with bubblewrap it also
+  runs in its own PID namespace tied to the engine (`--unshare-pid --die-with-parent`), so
+  a `kill -9` of the engine, or of its process group, ends every process inside, even those
+  that left the CLI's session, unless the backend says its CLI's own sandbox does that
+  (`needs_namespace`). Timeouts kill its tree.
+- **The event journal**: every event of run N goes, redacted, into `<name>-run-NNN.jsonl`
+  beside the phase's journal. The journal (`Conversation`) gets, as records the rest of
+  the engine reads: a "reply" when a run starts (a crash is then resumed, not restarted);
+  a "reply" with the usage of each assistant message as it streams, priced from labrun's
+  table and marked estimated; when the run's result comes, a "reply" that corrects those
+  estimates to what the run was billed, so a run killed before its result still counts
+  what it streamed and a finished run counts exactly its bill; a "reply" and a
+  "tool_result" for each MCP tool call; a "cli_session" record with the CLI's session id
+  and the tools it offers.
+- **Progress**: the CLI's own tools, its API retries (attempt, status, delay) and usage
+  window warnings as log lines.
+
+The seam. A backend subclasses `CliAgent` and gives what differs between CLIs:
+
+- `name` (prefix of its files), `tools_note` (a template appended to the system prompt
+  that maps labrun's tool names to the CLI's);
+- `argv(plan)`: the command line of one run (`RunPlan`: prompt file, MCP config file, the
+  session to resume or None, the turns left); the prompt goes on stdin;
+- `write_mcp_config(server, phase_dir)`: the MCP server in the CLI's config format (the
+  default writes the `mcpServers` JSON that `server.mcp_config()` gives);
+- `environment(timeout_s)`: the scrubbed environment of a run (`passed_env` helps);
+- `read(event)`: one parsed JSON line of its output as `Started`, `Streamed`, `ToolUsed`,
+  `Retrying`, `Window` or `Finished` (any number, none for events that do not matter);
+- `judge(outcome)`: how a run ended, as a `Verdict` (ok, transient, window, lost_session,
+  logged_out, failed);
+- `announce()`: one line, said once per engine, on which login the CLI uses.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterable
+
+import psutil
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from labrun import prompts
+from labrun.agents import AgentUnavailable
+from labrun.journal import Conversation
+from labrun.mcp_tools import ToolCall, ToolServer, run_call
+from labrun.model import FatalModelError, TransientModelError, UsageWindowSpent
+from labrun.prices import cost_usd
+from labrun.secrets import redact
+from labrun.tools import ToolBox, ToolResult
+from labrun.turns import RETRY_POLICY, PhaseStopped, back_off
+from labrun.usage import Budget, BudgetSpent, Usage, add_usd
+from labrun.windows import clock
+from labrun.workspace import write_atomic
+
+log = logging.getLogger("labrun")
+
+MAX_FAILED_RUNS = 3
+TOKEN_FIELDS = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+
+
+class CliFailed(FatalModelError):
+    """The CLI kept failing; the message gives its last error."""
+
+
+class PhaseTimeout(PhaseStopped):
+    pass
+
+
+# -- what a backend reads from its CLI's events ----------------------------------------------
+
+
+@dataclass
+class Started:
+    """The CLI's session began (or was resumed)."""
+
+    session_id: str | None
+    tools: list[str] | None = None
+    problem: str | None = None
+    """Something to warn about (an MCP server that did not connect)."""
+
+
+@dataclass
+class Streamed:
+    """An assistant message, with its usage so far (tokens only)."""
+
+    message_id: str
+    model: str
+    usage: Usage
+
+
+@dataclass
+class ToolUsed:
+    name: str
+
+
+@dataclass
+class Retrying:
+    """The CLI retries an API call itself."""
+
+    attempt: int | None
+    max_retries: int | None
+    delay_s: float | None
+    status: int | None
+    error: str = ""
+
+
+@dataclass
+class Window:
+    """The usage window: status "allowed", "warning" or "rejected"."""
+
+    status: str
+    resets_at: float | None
+    kind: str = "usage"
+
+
+@dataclass
+class Finished:
+    """The run's result: its own tokens, and the session's running cost when the CLI
+    reports one (None: labrun prices the tokens)."""
+
+    session_id: str | None
+    usage: Usage
+    total_cost_usd: float | None
+    turns: int
+    subtype: str | None
+    is_error: bool
+    model: str | None = None
+    event: dict[str, Any] = field(default_factory=dict)
+    """The CLI's own result event, for its backend's `judge`."""
+
+
+@dataclass
+class Outcome:
+    """How one run ended."""
+
+    finished: Finished | None = None
+    rejected: Window | None = None
+    retries: list[Retrying] = field(default_factory=list)
+    stopped: str | None = None
+    """"timeout", "completed", "budget" or "engine" when labrun stopped the process."""
+    exit_code: int | None = None
+    stderr: str = ""
+
+
+@dataclass
+class Verdict:
+    kind: str
+    """ok (ended normally, complete or not), transient, window, lost_session, logged_out,
+    unusable (the CLI cannot run: too old, misconfigured) or failed."""
+    message: str = ""
+    resets_at: float | None = None
+
+
+@dataclass
+class RunPlan:
+    system_file: Path
+    mcp_config: Path
+    session_id: str | None
+    turns_left: int
+
+
+# -- the base ---------------------------------------------------------------------------------
+
+
+class CliAgent:
+    name = "cli"
+    tools_note = ""
+    announced = False
+
+    def __init__(self, executable: str):
+        self.executable = executable
+        self.known_tools: list[str] | None = None
+        self.settings: dict[str, Any] = {}
+
+    # what a backend gives
+
+    def argv(self, plan: RunPlan) -> list[str]:
+        raise NotImplementedError
+
+    def environment(self, timeout_s: float) -> dict[str, str]:
+        raise NotImplementedError
+
+    def read(self, event: dict[str, Any]) -> Iterable[Any]:
+        raise NotImplementedError
+
+    def judge(self, out: Outcome) -> Verdict:
+        raise NotImplementedError
+
+    def announce(self) -> str | None:
+        return None
+
+    def needs_namespace(self, env: dict[str, str]) -> bool:
+        """Whether runs need labrun's PID namespace to end all they start (a CLI whose own
+        sandbox ends its commands' processes, and cannot nest in one, says no)."""
+        return True
+
+    def write_mcp_config(self, server: ToolServer, phase_dir: Path) -> Path:
+        path = phase_dir / f"{self.name}-mcp.json"
+        write_atomic(path, json.dumps(server.mcp_config(), indent=2))
+        path.chmod(0o600)
+        return path
+
+    def system_text(self, toolbox: ToolBox, convo: Conversation, system: str) -> str:
+        """The phase's system prompt for this engine's runs: as the phase began, or, when a
+        phase already run resumes, rendered again with the STATE.md digest as it is now."""
+        if any(r["kind"] == "cli_session" for r in convo.records):
+            system = prompts.phase_system_prompt(toolbox.session, toolbox.phase.key)
+        note = prompts.env.get_template(self.tools_note).render() if self.tools_note else ""
+        return system.rstrip() + "\n\n" + note + "\n"
+
+    # the phase
+
+    def run_phase(self, toolbox: ToolBox, convo: Conversation, system: str, max_turns: int,
+                  budget: Budget) -> None:
+        phase, root = toolbox.phase.key, toolbox.root
+        phase_dir = convo.path.parent
+        order = list(toolbox.session.state.phases)
+        if not CliAgent.announced and (said := self.announce()):
+            log.info("%s", said)
+            CliAgent.announced = True
+        system_file = phase_dir / f"{self.name}-system-prompt.md"
+        write_atomic(system_file, self.system_text(toolbox, convo, system))
+        timeout = float(os.environ.get("LABRUN_PHASE_TIMEOUT_S") or toolbox.session.time_limit_s)
+        deadline = time.monotonic() + timeout
+        close_orphaned_transcript(phase_dir, self.name)
+        self.known_tools = known_tools(convo) or self.known_tools
+        inbox: queue.Queue = queue.Queue()
+        failures = 0
+        with ToolServer(inbox) as server:
+            mcp_config = self.write_mcp_config(server, phase_dir)
+            while toolbox.completed is None:
+                turns = cli_turns(convo)
+                if turns >= max_turns:
+                    raise PhaseStopped(
+                        f"phase {phase} reached its limit of {max_turns} turns; raise it with "
+                        f"`labrun resume {root} --max-turns {max_turns * 2}`")
+                budget.check()
+                toolbox.session.ws.check_disk()
+                if not pending_texts(convo):
+                    convo.add_user_text(prompts.nudge(phase, "; ".join(toolbox.missing()), order))
+                plan = RunPlan(system_file, mcp_config, current_session(convo), max_turns - turns)
+                out, verdict = agent_run(self, toolbox, convo, inbox, plan, budget, deadline,
+                                         phase=phase, number=len(transcripts(phase_dir, self.name)) + 1)
+                if toolbox.completed is not None:
+                    break
+                if out.stopped == "timeout":
+                    raise PhaseTimeout(f"it ran past its timeout of {timeout:g} s and {self.name} was "
+                                       "stopped; a resume continues the same session")
+                if out.stopped == "budget":
+                    budget.check()
+                if verdict.kind == "ok":
+                    failures = 0
+                elif verdict.kind == "window":
+                    raise UsageWindowSpent(verdict.message, resets_at=verdict.resets_at or time.time())
+                elif verdict.kind == "lost_session":
+                    log.warning("%s: %s has no session %s here; starting a new one", phase, self.name, plan.session_id)
+                    convo.append({"kind": "cli_session", "session_id": None, "note": verdict.message[:300]})
+                    convo.add_user_text(prompts.resume_note(phase, [], order))
+                elif verdict.kind in ("logged_out", "unusable"):
+                    raise AgentUnavailable(verdict.message)
+                else:
+                    failures += 1
+                    log.warning("%s: %s run failed: %s", phase, self.name, verdict.message)
+                    if failures >= MAX_FAILED_RUNS:
+                        raise CliFailed(f"{self.name} failed {failures} times in a row; the last: {verdict.message}")
+                    convo.add_user_text(prompts.resume_note(phase, [], order))
+
+    # one run
+
+    def run_once(self, toolbox: ToolBox, convo: Conversation, inbox: queue.Queue, plan: RunPlan,
+                 budget: Budget, deadline: float) -> Outcome:
+        phase, phase_dir = toolbox.phase.key, convo.path.parent
+        prompt = next_prompt(convo, phase, plan.session_id, list(toolbox.session.state.phases))
+        argv = self.argv(plan)
+        n, transcript = new_transcript(phase_dir, self.name)
+        resume = f"resuming session {plan.session_id}" if plan.session_id else "new session"
+        convo.append({"kind": "reply", "stop_reason": None, "usage": Usage().model_dump(),
+                      "content": [{"type": "text", "text": f"[{self.name} run {n}: {resume}]"}],
+                      "cli": {"run": n, "event": "start", "resume": plan.session_id, "transcript": transcript.name}})
+        log.info("%s · %s run %d · %s", phase, self.name, n, resume)
+        out = Outcome()
+        stderr_path = transcript.with_suffix(".stderr")
+        env = self.environment(deadline - time.monotonic())
+        with open(stderr_path, "wb") as stderr:
+            proc = spawn(argv, cwd=toolbox.root, env=env, stderr=stderr, namespace=self.needs_namespace(env))
+        write_line(transcript, {"type": "labrun", "event": "start", "run": n, "at": _now(), "argv": argv,
+                                "prompt": redact(prompt), "pid": proc.pid, "engine_pid": os.getpid()})
+        threading.Thread(target=_feed, args=(proc, prompt), daemon=True).start()
+        threading.Thread(target=_read, args=(proc, transcript, inbox), daemon=True).start()
+
+        def stop(why: str) -> None:
+            if out.stopped is None and proc.poll() is None:
+                out.stopped = why
+                kill_tree(proc)
+
+        timers = [threading.Timer(max(0.0, deadline - time.monotonic()), stop, ["timeout"])]
+        timers[0].start()
+        calls = 0
+        streamed: dict[str, Usage] = {}
+        try:
+            while True:
+                try:
+                    kind, item = inbox.get(timeout=1.0)
+                except queue.Empty:
+                    if proc.poll() is not None:  # exited, yet something holds its stdout open
+                        kill_tree(proc)
+                    continue
+                if kind == "eof":
+                    break
+                if kind == "tool":
+                    calls += 1
+                    self.serve(toolbox, convo, item, f"{self.name}-{n}-{calls}")
+                    if toolbox.completed is not None and len(timers) == 1:
+                        grace = float(os.environ.get("LABRUN_CLI_GRACE_S", "120"))
+                        timers.append(threading.Timer(grace, stop, ["completed"]))
+                        timers[-1].start()
+                    continue
+                for happening in self.read(item):
+                    self.note(happening, toolbox, convo, budget, out, streamed, n, stop)
+        except BaseException:
+            stop("engine")
+            raise
+        finally:
+            for timer in timers:
+                timer.cancel()
+            try:
+                out.exit_code = proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # its output ended but it does not exit
+                stop("engine")
+                out.exit_code = proc.wait()
+            kill_tree(proc)  # nothing it started outlives it
+        stderr_text = stderr_path.read_text(errors="replace")
+        if redact(stderr_text) != stderr_text:
+            stderr_path.write_text(redact(stderr_text))
+        out.stderr = redact(stderr_text[-2000:])
+        if out.finished is not None:
+            note = "billed as its result says"
+        else:
+            why = {"timeout": "killed at the phase timeout", "completed": "stopped after complete_phase",
+                   "budget": "stopped: the session budget is spent",
+                   "engine": "stopped by the engine"}.get(out.stopped or "", f"exited with code {out.exit_code}")
+            note = f"{self.name} {why} before its result: its streamed messages count as estimated usage"
+        write_line(transcript, {"type": "labrun", "event": "end", "run": n, "at": _now(),
+                                "exit_code": out.exit_code, "stopped": out.stopped, "note": note})
+        return out
+
+    def note(self, happening: Any, toolbox: ToolBox, convo: Conversation, budget: Budget, out: Outcome,
+             streamed: dict[str, Usage], n: int, stop) -> None:
+        """Act on one thing the CLI reported."""
+        phase = toolbox.phase.key
+        if isinstance(happening, Started):
+            record: dict[str, Any] = {"kind": "cli_session", "run": n, "session_id": happening.session_id}
+            if happening.tools is not None:
+                record["tools"] = happening.tools
+                self.known_tools = happening.tools
+            convo.append(record)
+            if happening.problem:
+                log.warning("%s: %s", phase, happening.problem)
+        elif isinstance(happening, Streamed):
+            if happening.message_id in streamed:
+                return  # the same message again, one event per content block
+            estimate = happening.usage.model_copy()
+            estimate.cost_usd = estimate.estimated_usd = cost_usd(happening.model, estimate)
+            streamed[happening.message_id] = estimate
+            convo.append({"kind": "reply", "stop_reason": None, "usage": estimate.model_dump(),
+                          "content": [{"type": "text", "text": f"[{self.name} message {happening.message_id}]"}],
+                          "cli": {"run": n, "event": "message", "id": happening.message_id,
+                                  "model": happening.model}})
+            budget.spend(estimate)
+            try:
+                budget.check()
+            except BudgetSpent:
+                stop("budget")
+        elif isinstance(happening, ToolUsed):
+            log.info("%s · %s run %d · %s", phase, self.name, n, happening.name)
+        elif isinstance(happening, Retrying):
+            out.retries.append(happening)
+            delay = f" in {happening.delay_s:.1f} s" if happening.delay_s is not None else ""
+            of = f" of {happening.max_retries}" if happening.max_retries else ""
+            log.warning("%s · %s run %d · API error %s (%s): %s retries%s, attempt %s%s", phase, self.name, n,
+                        happening.status or "?", happening.error or "error", self.name, delay,
+                        happening.attempt or "?", of)
+        elif isinstance(happening, Window):
+            if happening.status == "rejected":
+                out.rejected = happening
+            elif happening.status == "warning":
+                log.warning("%s: usage window (%s) nearly spent; it resets at %s", phase, happening.kind,
+                            clock(happening.resets_at) if happening.resets_at else "?")
+        elif isinstance(happening, Finished):
+            out.finished = happening
+            budget.spend(record_result(convo, happening, streamed, n))
+
+    def serve(self, toolbox: ToolBox, convo: Conversation, call: ToolCall, call_id: str) -> None:
+        """One MCP tool call, journaled like a model's: the call before it runs, its result
+        after, so that a call cut off by a crash is answered as interrupted on resume."""
+
+        def before(c: ToolCall) -> None:
+            convo.append({"kind": "reply", "stop_reason": "tool_use", "usage": Usage().model_dump(),
+                          "content": [{"type": "tool_use", "id": call_id, "name": c.name, "input": c.arguments}],
+                          "cli": {"event": "tool"}})
+
+        def after(c: ToolCall, result: ToolResult) -> None:
+            convo.add_tool_result(call_id, c.name, result.content, result.is_error)
+            log.info("%s · %s%s", toolbox.phase.key, c.name, " (error)" if result.is_error else "")
+
+        run_call(toolbox, call, before, after)
+
+
+@task(name="agent-run", task_run_name="{phase} run {number}", cache_policy=NO_CACHE, persist_result=False,
+      **RETRY_POLICY)
+def agent_run(agent: CliAgent, toolbox: ToolBox, convo: Conversation, inbox: queue.Queue, plan: RunPlan,
+              budget: Budget, deadline: float, phase: str, number: int) -> tuple[Outcome, Verdict]:
+    """One run of the CLI, retried with back-off when it ended on a transient API error (its
+    own retries were spent); the retried run resumes the session with the resume note."""
+    out = agent.run_once(toolbox, convo, inbox, plan, budget, deadline)
+    verdict = agent.judge(out) if out.stopped is None else Verdict("ok")
+    if verdict.kind == "transient" and toolbox.completed is None:
+        convo.add_user_text(prompts.resume_note(phase, [], list(toolbox.session.state.phases)))
+        back_off(TransientModelError(verdict.message), f"{phase} · {agent.name} run {number}")
+    return out, verdict
+
+
+# -- the journal -------------------------------------------------------------------------------
+
+
+def pending_texts(convo: Conversation) -> list[str]:
+    """User messages written since the last run started: the next run's prompt."""
+    texts: list[str] = []
+    for r in convo.records:
+        if r["kind"] == "reply" and (r.get("cli") or {}).get("event") == "start":
+            texts = []
+        elif r["kind"] == "user":
+            texts += [b["text"] for b in r["content"] if b.get("type") == "text"]
+    return texts
+
+
+def next_prompt(convo: Conversation, phase: str, session_id: str | None, order: list[str]) -> str:
+    texts = list(dict.fromkeys(pending_texts(convo)))  # a restarted phase repeats its kickoff
+    if session_id is None:  # a new session starts from the kickoff
+        kickoff = prompts.kickoff(phase, order)
+        texts = [kickoff] + [t for t in texts if t != kickoff]
+    return "\n\n".join(texts)
+
+
+def current_session(convo: Conversation) -> str | None:
+    found = None
+    for r in convo.records:
+        if r["kind"] == "cli_session":
+            found = r.get("session_id")
+    return found
+
+
+def known_tools(convo: Conversation) -> list[str] | None:
+    found = None
+    for r in convo.records:
+        if r["kind"] == "cli_session" and r.get("tools") is not None:
+            found = r["tools"]
+    return found
+
+
+def cli_turns(convo: Conversation) -> int:
+    """Turns used: each finished run's own count, and the messages of runs cut off before
+    their result."""
+    finished = {r["cli"]["run"]: r["cli"].get("num_turns") or 0 for r in convo.records
+                if r["kind"] == "reply" and (r.get("cli") or {}).get("event") == "result"}
+    cut = sum(1 for r in convo.records if r["kind"] == "reply" and (r.get("cli") or {}).get("event") == "message"
+              and r["cli"]["run"] not in finished)
+    return sum(finished.values()) + cut
+
+
+def session_cost(convo: Conversation, session_id: str | None) -> float:
+    """The session's running cost at its last result: what its next result counts from (a
+    CLI restores its running total on resume, without runs that were killed)."""
+    found = 0.0
+    for r in convo.records:
+        cli = r.get("cli") or {}
+        if r["kind"] == "reply" and cli.get("event") == "result" and cli.get("session_id") == session_id \
+                and cli.get("total_cost_usd") is not None:
+            found = float(cli["total_cost_usd"])
+    return found
+
+
+def record_result(convo: Conversation, finished: Finished, streamed: dict[str, Usage], n: int) -> Usage:
+    """Journal what run `n` was billed, as the correction of its streamed estimates: the
+    run then sums to its bill exactly. Returns the correction (what is left to spend)."""
+    billed = finished.usage.model_copy()
+    if finished.total_cost_usd is not None:
+        billed.cost_usd = add_usd(finished.total_cost_usd, -session_cost(convo, finished.session_id))
+    estimated = sum(streamed.values(), Usage())
+    if finished.total_cost_usd is None:  # a CLI that reports no money: labrun's prices
+        billed.cost_usd = cost_usd(finished.model, billed) if finished.model else estimated.cost_usd
+    correction = Usage(**{k: getattr(billed, k) - getattr(estimated, k) for k in TOKEN_FIELDS},
+                       cost_usd=add_usd(billed.cost_usd, -estimated.cost_usd), estimated_usd=-estimated.estimated_usd)
+    convo.append({"kind": "reply", "stop_reason": finished.subtype, "usage": correction.model_dump(),
+                  "content": [{"type": "text", "text": f"[result: {finished.subtype}, {finished.turns} turns, "
+                               f"${billed.cost_usd:.4f}]"}],
+                  "cli": {"run": n, "event": "result", "subtype": finished.subtype, "is_error": finished.is_error,
+                          "num_turns": finished.turns, "session_id": finished.session_id,
+                          "total_cost_usd": finished.total_cost_usd, "billed": billed.model_dump()}})
+    return correction
+
+
+# -- transcripts -------------------------------------------------------------------------------
+
+
+def transcripts(phase_dir: Path, name: str) -> list[Path]:
+    return sorted(phase_dir.glob(f"{name}-run-*.jsonl"))
+
+
+def new_transcript(phase_dir: Path, name: str) -> tuple[int, Path]:
+    """The next `<name>-run-NNN.jsonl`, created here: a transcript is never overwritten."""
+    phase_dir.mkdir(parents=True, exist_ok=True)
+    n = len(transcripts(phase_dir, name)) + 1
+    while True:
+        path = phase_dir / f"{name}-run-{n:03d}.jsonl"
+        try:
+            with open(path, "x"):
+                return n, path
+        except FileExistsError:
+            n += 1
+
+
+def close_orphaned_transcript(phase_dir: Path, name: str) -> None:
+    """A run the engine died in has no end line: say there what is known."""
+    runs = transcripts(phase_dir, name)
+    if not runs:
+        return
+    lines = runs[-1].read_text(errors="replace").splitlines()
+    if lines and '"event": "end"' not in lines[-1]:
+        write_line(runs[-1], {"type": "labrun", "event": "end", "at": _now(), "note":
+                              "the engine stopped during this run; what it streamed before counts as "
+                              "estimated usage unless its result came"})
+
+
+def write_line(path: Path, record: dict[str, Any]) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _feed(proc: subprocess.Popen, prompt: str) -> None:
+    try:
+        proc.stdin.write(prompt.encode())
+        proc.stdin.close()
+    except (BrokenPipeError, OSError):
+        pass
+
+
+def _read(proc: subprocess.Popen, transcript: Path, inbox: queue.Queue) -> None:
+    """Every line of the stream into the transcript (redacted) and, parsed, to the engine."""
+    with open(transcript, "a", encoding="utf-8") as f:
+        for raw in proc.stdout:
+            line = redact(raw.decode(errors="replace").rstrip("\r\n"))
+            if not line.strip():
+                continue
+            try:
+                event = json.loads(line)
+                if not isinstance(event, dict):
+                    raise ValueError
+            except ValueError:
+                event = {"type": "labrun", "event": "not-json", "text": line[:2000]}
+                line = json.dumps(event, ensure_ascii=False)
+            f.write(line + "\n")
+            f.flush()
+            inbox.put(("event", event))
+        os.fsync(f.fileno())
+    inbox.put(("eof", None))
+
+
+# -- the environment ---------------------------------------------------------------------------
+
+ALWAYS_PASSED = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ", "TMPDIR",
+                 "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR",
+                 "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
+                 "NODE_EXTRA_CA_CERTS", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE")
+
+
+def passed_env(names: Iterable[str] = (), prefixes: Iterable[str] = (), drop: Iterable[str] = ()) -> dict[str, str]:
+    """The environment a CLI run gets: what any program needs to run here (paths, locale,
+    proxies, certificates), the `names` and `prefixes` the CLI itself needs, and whatever
+    LABRUN_PASS_ENV names; nothing else, and nothing in `drop`."""
+    extra = {n.strip() for n in os.environ.get("LABRUN_PASS_ENV", "").split(",") if n.strip()}
+    wanted, prefixes, drop = set(ALWAYS_PASSED) | set(names) | extra, tuple(prefixes), set(drop)
+    return {k: v for k, v in os.environ.items()
+            if k not in drop and (k in wanted or k.startswith("LC_") or k.startswith(prefixes))}
+
+
+# -- process lifetime --------------------------------------------------------------------------
+
+PR_SET_PDEATHSIG = 1
+# The whole filesystem as it is, a new PID namespace that ends with the engine. No new /proc:
+# with one mounted here, a sandbox the CLI makes itself (Claude Code's bubblewrap) cannot
+# mount its own.
+BWRAP_ARGS = ("--dev-bind", "/", "/", "--unshare-pid", "--die-with-parent", "--")
+
+
+@lru_cache(maxsize=1)
+def bwrap() -> str | None:
+    """bubblewrap, when it can make a PID namespace here (LABRUN_CLI_PIDNS=off: never)."""
+    exe = shutil.which("bwrap")
+    if exe is None or os.environ.get("LABRUN_CLI_PIDNS", "").lower() in ("0", "off", "no", "false"):
+        return None
+    try:
+        ok = subprocess.run([exe, *BWRAP_ARGS, "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    if not ok:
+        log.warning("bubblewrap cannot make a PID namespace here: processes an agent CLI starts in their "
+                    "own sessions may outlive a killed engine")
+    return exe if ok else None
+
+
+@lru_cache(maxsize=1)
+def _prctl():
+    return ctypes.CDLL(None, use_errno=True).prctl
+
+
+def _die_with_engine() -> None:
+    """In the child before exec: SIGKILL when the engine (the thread that started it) dies."""
+    _prctl()(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def spawn(argv: list[str], cwd: Path, env: dict[str, str], stderr, namespace: bool = True) -> subprocess.Popen:
+    """Start a CLI run tied to the engine: in a PID namespace that dies with it when asked
+    for and bubblewrap can make one, with a parent-death signal in any case. It stays in the
+    engine's process group, so a kill of that group reaches it too."""
+    wrapper = bwrap() if namespace else None
+    _prctl()  # resolved here, not in the forked child
+    return subprocess.Popen([wrapper, *BWRAP_ARGS, *argv] if wrapper else argv, cwd=cwd, env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                            preexec_fn=_die_with_engine)
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL the process and everything under it (in a PID namespace, its end ends all)."""
+    try:
+        parent = psutil.Process(proc.pid)
+        family = parent.children(recursive=True) + [parent]
+    except psutil.NoSuchProcess:
+        return
+    for p in family:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass

@@ -1,0 +1,382 @@
+"""Branches of a session (`labrun rerun DIR --from PHASE`): the phases before PHASE are kept
+as they stand, PHASE and the later ones run again as a new branch, and the branch they
+replace is kept whole under `.labrun/branches/<n>/`.
+
+A rerun is made in three steps; a crash may cut any of them short, and `finish_rerun` (at
+every start of the session flow) finishes what it left:
+
+1. archive: the replaced phases' journals and the files they produced, their attempt logs,
+   the key outputs, and STATE.md, the state and the status as they stood, are linked or
+   copied into `branches/.new-<n>/`, renamed `branches/<n>/` once whole. Before that rename
+   nothing has happened; after it the new branch is decided (`branch.json` says what it is).
+2. record: the new branch goes into the state: the replaced phases pending with their
+   sections removed, the kept phases' cache keys pinned (`Branch.kept`).
+3. clear: the replaced phases' journals and the files they created leave the workspace,
+   which then shows the new branch only.
+
+The workspace always shows the current branch; `.labrun/branches/<n>/` is what branch n
+showed when the next one replaced it. Attempts keep one numbering across branches.
+"""
+
+from __future__ import annotations
+
+import difflib
+import filecmp
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from labrun.crashpoints import crashpoint
+from labrun.journal import Conversation, phase_usage
+from labrun.phases import BY_KEY
+from labrun.session import Session, changed_outputs, read_manifest, total_usage
+from labrun.snapshot import workspace_files
+from labrun.state import Attempt, Branch, PhaseRecord, SessionState, StateStore, now
+from labrun.tools import parse_metrics
+from labrun.usage import Usage
+from labrun.workspace import Workspace, write_json
+
+DIFF_LINES = 40
+"""A changed text file's unified diff is cut after this many lines in `labrun diff`."""
+
+
+class BranchError(Exception):
+    """Bad input for a rerun or a branch command: one line that says what to do."""
+
+
+def archive_dir(ws: Workspace, n: int) -> Path:
+    return ws.data / "branches" / str(n)
+
+
+def archived(ws: Workspace, n: int) -> dict[str, Any] | None:
+    """branch.json of branch n's archive, if branch n was replaced."""
+    path = archive_dir(ws, n) / "branch.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def all_branches(state: SessionState) -> list[Branch]:
+    """Every branch; a session that never reran has one, implied by its state."""
+    return state.branches or [first_branch(state, state.agent, state.model)]
+
+
+def first_branch(state: SessionState, agent: str, model: str | None) -> Branch:
+    return Branch(n=1, from_phase=next(iter(state.phases)), agent=agent, model=model,
+                  started_at=state.created_at)
+
+
+# -- starting a branch ----------------------------------------------------------------------
+
+
+def rerun(session: Session, from_phase: str, agent: str | None, model: str | None, note: str,
+          flow_run: str | None) -> None:
+    """Start a branch at `from_phase`, unless this request already started one: a retry of
+    the flow run that started it, or the same request again (the same phase, agent, model
+    and note as the current branch: a deployment run again with the same parameters)
+    continues the current branch, finished or not. Another note starts another branch."""
+    finish_rerun(session)
+    state, root = session.state, session.ws.root
+    note = " ".join(note.split())
+    current = state.branches[-1] if state.branches else None
+    if flow_run and any(b.flow_run == flow_run for b in state.branches):
+        session.store.log(f"flow run {flow_run} continues branch {state.branch}, which it started")
+        return
+    check_rerun(state, from_phase, root)
+    if (current and current.from_phase == from_phase and agent in (None, current.agent)
+            and model in (None, current.model) and note == current.note):
+        session.store.log(f"branch {current.n} is this same request (from {from_phase}): continuing "
+                          "it; give another note to start a new branch")
+        return
+    reason = not_finished(state, from_phase, root)
+    if reason:
+        raise BranchError(reason)
+    branch = Branch(n=state.branch + 1, from_phase=from_phase, agent=agent or state.agent,
+                    model=model if (model or agent) else state.model, note=note, flow_run=flow_run)
+    archive(session, branch)
+    finish_rerun(session)
+
+
+def check_rerun(state: SessionState, from_phase: str, root: Path) -> None:
+    """A rerun needs a phase of this session; the CLI asks before starting an engine."""
+    if from_phase not in state.phases:
+        raise BranchError(f"{root}: unknown phase {from_phase!r}; this session's phases are: "
+                          f"{', '.join(state.phases)}")
+
+
+def not_finished(state: SessionState, from_phase: str, root: Path) -> str | None:
+    """Why a rerun cannot start at `from_phase` (None if it can)."""
+    order = list(state.phases)
+    for key in order[: order.index(from_phase) + 1]:
+        if state.phases[key].status != "DONE":
+            return (f"{root}: phase {key} has not finished ({state.phases[key].status}); a rerun "
+                    f"starts from a finished phase: continue this one with `labrun resume {root}`")
+    return None
+
+
+def archive(session: Session, branch: Branch) -> None:
+    """Step 1: keep the current branch whole under branches/<n>/ (see the module's doc)."""
+    ws, state = session.ws, session.state
+    order = list(state.phases)
+    replaced = order[order.index(branch.from_phase):]
+    kept = order[: order.index(branch.from_phase)]
+    before = files_at_start(ws, branch.from_phase)
+    now_files = workspace_files(ws.root)
+    produced: set[str] = set()
+    for key in replaced:
+        manifest = session.manifest(key)
+        if manifest and state.phases[key].status == "DONE":
+            produced |= set(manifest["files"])
+        else:  # cut off or failed: what changed since its conversation began
+            start = files_at_start(ws, key)
+            produced |= {f for f, d in now_files.items() if start is not None and start.get(f) != d}
+    produced &= set(now_files)
+    created = sorted(f for f in produced if f not in (before or {}))
+    edited = sorted(produced - set(created))
+    adopted = {}  # a kept phase's output edited by hand: the rerun takes it as it stands
+    for key in kept:
+        manifest = session.manifest(key) or {"files": {}}
+        missing = changed_outputs(manifest, state.file_digests, ws.root, missing_only=True)
+        if missing:
+            raise BranchError(f"{ws.root}: {missing[0]}, an output of phase {key}, is missing; "
+                              f"restore it, or rerun from {key}")
+        for f in changed_outputs(manifest, state.file_digests, ws.root):
+            adopted[f] = now_files[f]
+        branch.kept[key] = manifest["key"]
+
+    final = archive_dir(ws, state.branch)
+    tmp = final.with_name(f".new-{state.branch}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    for f in created:
+        _link(ws.root / f, tmp / "files" / f)
+    for f in sorted((set(edited) | key_outputs(state)) - set(created)):
+        if (ws.root / f).is_file():
+            _link(ws.root / f, tmp / "files" / f, copy=True)  # stays in the workspace
+    moved = Usage()
+    for key in replaced:
+        for path in sorted(ws.phase_dir(key).rglob("*")):
+            if path.is_file():
+                _link(path, tmp / "phases" / key / path.relative_to(ws.phase_dir(key)))
+        moved += phase_usage(ws.phase_dir(key))
+    for a in state.attempts:
+        if a.phase in replaced and a.log and (ws.root / a.log).is_file():
+            _link(ws.root / a.log, tmp / "attempts" / Path(a.log).name)
+    shutil.copy2(ws.state_md, tmp / "STATE.md")
+    shutil.copy2(ws.state_file, tmp / "state.json")
+    from labrun.status import session_status  # the status reads the branches
+
+    write_json(tmp / "status.json", session_status(ws.root))
+    sections = {s: state.sections[s] for k in replaced for s in BY_KEY[k].sections if s in state.sections}
+    write_json(tmp / "branch.json", {
+        "n": state.branch, "agent": state.agent, "model": state.model,
+        "replaced": replaced, "created": created, "edited": edited, "adopted": adopted,
+        "sections": sections, "archived_usage": moved.model_dump(), "next": branch.model_dump(),
+    })
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)
+    crashpoint("branch-archived")
+
+
+def rerun_pending(ws: Workspace, state: SessionState) -> bool:
+    """A rerun that a crash cut short after its archive was made: the flow finishes it."""
+    return archived(ws, state.branch) is not None or bool(state.branches and not state.branches[-1].cleaned)
+
+
+def finish_rerun(session: Session) -> None:
+    """Finish a rerun that a crash cut short (steps 2 and 3); nothing to do otherwise."""
+    ws = session.ws
+    for leftover in (ws.data / "branches").glob(".new-*"):
+        shutil.rmtree(leftover, ignore_errors=True)  # an archive never finished: no rerun
+    record = archived(ws, session.state.branch)
+    if record is not None:
+        _record(session, record)
+    branches = session.state.branches
+    if branches and not branches[-1].cleaned:
+        _clear(session, archived(ws, branches[-1].n - 1))
+
+
+def _record(session: Session, record: dict[str, Any]) -> None:
+    """Step 2: the new branch is the state's current one."""
+    ws, state, store = session.ws, session.state, session.store
+    with store._lock:
+        if not state.branches:
+            state.branches.append(first_branch(state, record["agent"], record["model"]))
+        spent = total_usage(ws, state)
+        old = state.branches[-1]
+        old.ended_at = now()
+        old.usage = spent - old.spent_before
+        old.archived = Usage.model_validate(record["archived_usage"])
+        branch = Branch.model_validate(record["next"])
+        branch.spent_before = spent
+        branch.cleaned = False
+        state.branches.append(branch)
+        state.agent, state.model = branch.agent, branch.model
+        for key in record["replaced"]:
+            state.phases[key] = PhaseRecord()
+            for section in BY_KEY[key].sections:
+                state.sections.pop(section, None)
+        for f in record["created"]:
+            state.file_digests.pop(f, None)
+        state.file_digests.update(record["adopted"])
+        if record["adopted"]:
+            store.event(f"taken as they stand for branch {branch.n}: {', '.join(record['adopted'])}")
+        model = f", model {branch.model}" if branch.model else ""
+        store.event(f"branch {branch.n} started from phase {branch.from_phase} (agent {branch.agent}{model})"
+                    f"; branch {old.n} is kept in .labrun/branches/{old.n}")
+        store.save()
+    crashpoint("branch-recorded")
+
+
+def _clear(session: Session, record: dict[str, Any]) -> None:
+    """Step 3: the workspace shows the new branch only."""
+    ws = session.ws
+    for key in record["replaced"]:
+        shutil.rmtree(ws.phase_dir(key), ignore_errors=True)
+    for f in record["created"]:
+        if f.endswith("/"):  # an environment (one entry of labrun.snapshot's)
+            shutil.rmtree(ws.root / f, ignore_errors=True)
+        else:
+            (ws.root / f).unlink(missing_ok=True)
+    with session.store._lock:
+        session.state.branches[-1].cleaned = True
+        session.store.save()
+
+
+def files_at_start(ws: Workspace, key: str) -> dict[str, str] | None:
+    """The workspace's files when the phase's latest conversation began."""
+    convo = Conversation.latest(ws.phase_dir(key))
+    start = next((r for r in convo.records if r["kind"] == "system"), None) if convo else None
+    return start.get("files_before") if start else None
+
+
+def key_outputs(state: SessionState) -> set[str]:
+    """What `labrun diff` compares besides a branch's own outputs: the files the phases hand
+    on, and the metrics files of successful attempts."""
+    handed = {f for k in state.phases for f in BY_KEY[k].hands_on}
+    return handed | {a.metrics_file for a in state.attempts if a.status == "SUCCESS" and a.metrics_file}
+
+
+def _link(src: Path, dst: Path, copy: bool = False) -> None:
+    """A hard link for a file that leaves the workspace (no copy of a big file); a copy
+    (`copy`) of one that stays, since the next branch may rewrite it in place."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if src.is_dir():  # an environment (one entry of labrun.snapshot's), linked file by file
+        shutil.copytree(src, dst, symlinks=True,
+                        copy_function=shutil.copy2 if copy else lambda s, d: _link(Path(s), Path(d)))
+        return
+    if not copy:
+        try:
+            return os.link(src, dst)
+        except OSError:
+            pass
+    shutil.copy2(src, dst)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# -- reading branches (no Prefect) ----------------------------------------------------------
+
+
+def summaries(ws: Workspace, state: SessionState, spent: Usage) -> list[dict[str, Any]]:
+    """One row per branch: where it started, its agent and model, when it ran, its cost
+    (`spent`: the session's usage so far)."""
+    rows = []
+    for b in all_branches(state):
+        usage = b.usage if b.usage is not None else spent - b.spent_before
+        rows.append({"n": b.n, "from_phase": b.from_phase, "agent": b.agent, "model": b.model,
+                     "note": b.note, "started_at": b.started_at, "ended_at": b.ended_at,
+                     "current": b.n == state.branch, "usage": usage.model_dump(),
+                     "archive": None if b.n == state.branch else str(archive_dir(ws, b.n).relative_to(ws.root))})
+    return rows
+
+
+def branch_status(root: Path, n: int) -> dict[str, Any]:
+    """`labrun status --branch N`: the current branch as it is, an earlier one as it stood
+    when the next replaced it."""
+    from labrun.status import session_status
+
+    ws = Workspace(root)
+    state = StateStore.load(ws).state
+    if n == state.branch:
+        return session_status(root)
+    snapshot = archive_dir(ws, n) / "status.json"
+    if not 1 <= n < state.branch or not snapshot.exists():
+        raise BranchError(no_branch(root, state, n))
+    report = json.loads(snapshot.read_text())
+    report["session"]["branch"] = n
+    report["branches"] = summaries(ws, state, total_usage(ws, state))
+    return report
+
+
+def no_branch(root: Path, state: SessionState, n: int) -> str:
+    have = "branch 1" if state.branch == 1 else f"branches 1 to {state.branch}"
+    return f"{root}: there is no branch {n}; this session has {have} (`labrun branches {root}`)"
+
+
+def _view(ws: Workspace, state: SessionState, n: int) -> tuple[Path, list[Attempt], set[str]]:
+    """Where branch n's files are, its attempts as it saw them, and the files it produced."""
+    if n == state.branch:
+        start = list(state.phases).index(all_branches(state)[-1].from_phase)
+        produced = set()
+        for key in list(state.phases)[start:]:
+            manifest = read_manifest(ws, key)
+            produced |= set(manifest["files"]) if manifest else set()
+        return ws.root, state.attempts, produced
+    record = archived(ws, n)
+    if record is None or not 1 <= n < state.branch:
+        raise BranchError(no_branch(ws.root, state, n))
+    then = SessionState.model_validate_json((archive_dir(ws, n) / "state.json").read_text())
+    return archive_dir(ws, n) / "files", then.attempts, set(record["created"]) | set(record["edited"])
+
+
+def diff(root: Path, a: int, b: int) -> dict[str, Any]:
+    """Two branches' metrics side by side, and which of their key outputs differ."""
+    ws = Workspace(root)
+    state = StateStore.load(ws).state
+    views = {n: _view(ws, state, n) for n in (a, b)}
+    metric_files: list[str] = []
+    for _, attempts, _ in views.values():
+        for att in attempts:
+            if att.status == "SUCCESS" and att.metrics_file and att.metrics_file not in metric_files:
+                metric_files.append(att.metrics_file)
+    metrics = []
+    for f in metric_files:
+        values = {n: _metrics(views[n][0] / f) for n in (a, b)}
+        for name in dict.fromkeys([*values[a], *values[b]]):
+            metrics.append({"file": f, "metric": name, "a": values[a].get(name), "b": values[b].get(name)})
+    handed = {f for k in state.phases for f in BY_KEY[k].hands_on}
+    paths = sorted((views[a][2] | views[b][2] | handed) - set(metric_files))
+    files = []
+    for f in paths:
+        pa, pb = views[a][0] / f, views[b][0] / f
+        if not pa.is_file() and not pb.is_file():
+            continue
+        if not pb.is_file() or not pa.is_file():
+            files.append({"path": f, "status": f"only in branch {a if pa.is_file() else b}", "diff": []})
+            continue
+        same = filecmp.cmp(pa, pb, shallow=False)
+        files.append({"path": f, "status": "same" if same else "changed",
+                      "diff": [] if same else _text_diff(pa, pb, f"branch {a}/{f}", f"branch {b}/{f}")})
+    return {"a": a, "b": b, "metrics": metrics, "files": files}
+
+
+def _metrics(path: Path) -> dict[str, Any]:
+    try:
+        return parse_metrics(path)
+    except (OSError, ValueError):
+        return {}
+
+
+def _text_diff(a: Path, b: Path, name_a: str, name_b: str) -> list[str]:
+    try:
+        lines_a, lines_b = a.read_text().splitlines(), b.read_text().splitlines()
+    except UnicodeDecodeError:
+        return ["(binary files differ)"]
+    lines = list(difflib.unified_diff(lines_a, lines_b, name_a, name_b, lineterm=""))
+    return lines if len(lines) <= DIFF_LINES else lines[:DIFF_LINES] + [f"… {len(lines) - DIFF_LINES} more lines"]

@@ -1,0 +1,137 @@
+"""A competent stand-in for the model behind the fake Messages API, for the real `claude` CLI.
+
+`ClaudeResearcher()` is a callable `f(body) -> reply` for `FakeMessagesAPI(default=...)`, as
+`auto_responder.AutoResearcher` is for the Anthropic backend, but it answers with Claude
+Code's tools (`Write`, `Bash`) and labrun's over MCP (`mcp__labrun__run_experiment`,
+`mcp__labrun__complete_phase`). It reads the phase from the system prompt (labrun appends
+the phase's prompt, `# Phase N of 6: key`, to Claude Code's own) and its next step from the
+conversation: the steps whose tool calls have succeeded are done, so a resumed or retried
+conversation goes on where it stopped and a step that failed or was cut off is done again.
+Should the MCP tools be deferred (not in the request's `tools`), it first loads them with
+`ToolSearch`, as a model must.
+
+`faults={("setup", 0): [reply, ...]}` answers the first requests made at setup's step 0 with
+those replies (a 429 storm, a spent window), the next ones normally. `headers` go on every
+normal reply (a subscription's `anthropic-ratelimit-unified-*`). `slow_experiment_s` makes
+the first experiment attempt sleep that long, so a test can kill the engine during it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from typing import Any
+
+from auto_responder import EXPERIMENT
+
+HEADING = re.compile(r"# Phase (\d) of 6: (\w+)")
+MCP = "mcp__labrun__"
+
+
+def system_text(body: dict[str, Any]) -> str:
+    system = body.get("system") or ""
+    return system if isinstance(system, str) else "".join(b.get("text", "") for b in system)
+
+
+def phase_of(body: dict[str, Any]) -> str:
+    found = HEADING.search(system_text(body))
+    if not found:
+        raise ValueError("no labrun phase in the system prompt")
+    return found.group(2)
+
+
+def succeeded(body: dict[str, Any]) -> list[str]:
+    """The names of the tool calls in the conversation that succeeded, oldest first."""
+    names, done = {}, []
+    for m in body.get("messages", []):
+        for b in m["content"] if isinstance(m.get("content"), list) else []:
+            if b.get("type") == "tool_use":
+                names[b["id"]] = b["name"]
+            elif b.get("type") == "tool_result" and not b.get("is_error") and b.get("tool_use_id") in names:
+                done.append(names[b["tool_use_id"]])
+    return [n for n in done if n != "ToolSearch"]
+
+
+class ClaudeResearcher:
+    def __init__(self, faults: dict[tuple[str, int], list[dict]] | None = None,
+                 headers: dict[str, str] | None = None, slow_experiment_s: float = 0):
+        self.faults = {k: list(v) for k, v in (faults or {}).items()}
+        self.headers = dict(headers or {})
+        self.slow_experiment_s = slow_experiment_s
+        self._lock = threading.Lock()
+
+    def steps(self, phase: str) -> list[tuple[str, dict[str, Any]]]:
+        def done(summary: str, **sections: str) -> tuple[str, dict[str, Any]]:
+            return MCP + "complete_phase", {"summary": summary, "sections": sections}
+
+        command = "python3 src/experiment.py"
+        if self.slow_experiment_s:  # only the first attempt is slow
+            command = (f"test -e results/.slow || (touch results/.slow && sleep {self.slow_experiment_s}); "
+                       + command)
+        return {
+            "planning": [
+                ("Write", {"file_path": "planning.md", "content": "# Plan\n\nMeasure the RMSE of the mean of k "
+                           "noisy measurements for k = 1..64 and fit the log-log slope; expect -0.5.\n"}),
+                done("Planned the study.", research_specification="Does the RMSE of the mean of k noisy "
+                     "measurements fall as 1/sqrt(k)? Fit the log-log slope; expect -0.5 within 0.05."),
+            ],
+            "setup": [
+                ("Bash", {"command": "mkdir -p src results && env | sort", "description": "make the folders"}),
+                done("Made the folders.", files_and_resources="- `src/` code\n- `results/` outputs",
+                     workflow="Write src/experiment.py, smoke-test it, run it with run_experiment."),
+            ],
+            "implementation": [
+                ("Write", {"file_path": "src/experiment.py", "content": EXPERIMENT}),
+                ("Bash", {"command": "python3 src/experiment.py --smoke", "description": "smoke test"}),
+                done("Wrote the simulation.", experiment_design="Monte Carlo, 400 trials per k, k in 1..64, "
+                     "least-squares slope of log RMSE on log k."),
+            ],
+            "experiments": [
+                (MCP + "run_experiment", {"command": command, "purpose": "measure the log-log slope",
+                                          "outputs": ["results/metrics.json"],
+                                          "metrics_file": "results/metrics.json"}),
+                done("Ran the experiment.", experiment_results="See results/metrics.json (slope near -0.5)."),
+            ],
+            "analysis": [
+                ("Bash", {"command": "cat results/metrics.json", "description": "read the metrics"}),
+                done("Read the metrics.", learnings="The slope is close to -0.5, as theory says."),
+            ],
+            "documentation": [
+                ("Write", {"file_path": "REPORT.md", "content": "# Report\n\nThe RMSE of the mean falls as "
+                           "1/sqrt(k); see results/metrics.json.\n"}),
+                ("Write", {"file_path": "README.md", "content": "# Averaging noisy measurements\n\n"
+                           "Run `python3 src/experiment.py`.\n"}),
+                done("Wrote the report and the readme."),
+            ],
+        }[phase]
+
+    def __call__(self, body: dict[str, Any]) -> dict[str, Any]:
+        phase = phase_of(body)
+        steps = self.steps(phase)
+        done = succeeded(body)
+        step = 0
+        for name in done:  # each success of the next step's tool moves on by one
+            if step < len(steps) and name == steps[step][0]:
+                step += 1
+        with self._lock:
+            queued = self.faults.get((phase, step))
+            if queued:
+                return queued.pop(0)
+        n = len([m for m in body.get("messages", []) if m.get("role") == "assistant"]) + 1
+        if step >= len(steps):
+            return self._reply([{"type": "text", "text": f"Phase {phase} is complete."}])
+        name, tool_input = steps[step]
+        offered = {t.get("name") for t in body.get("tools") or []}
+        if name.startswith(MCP) and name not in offered:  # deferred: load both tools first
+            name, tool_input = "ToolSearch", {"query": f"select:{MCP}run_experiment,{MCP}complete_phase",
+                                              "max_results": 5}
+        return self._reply([{"type": "text", "text": f"Step {step + 1} of {phase}."},
+                            {"type": "tool_use", "id": f"toolu_{phase[:4]}{n:02d}{step}", "name": name,
+                             "input": json.loads(json.dumps(tool_input))}])
+
+    def _reply(self, content: list[dict[str, Any]]) -> dict[str, Any]:
+        reply: dict[str, Any] = {"content": content}
+        if self.headers:
+            reply["headers"] = dict(self.headers)
+        return reply
