@@ -212,6 +212,28 @@ def test_a_rerun_from_experiments_sees_the_failed_attempt_of_the_earlier_branch(
     assert FIX in code.read_text()
 
 
+def test_an_environment_a_replaced_phase_created_is_archived_whole_and_leaves_the_workspace(ws):
+    # A snapshot holds a virtual environment as one entry, `env/` (labrun.snapshot).
+    env = ws / "env"
+    (env / "lib/python3.11/site-packages/pkg").mkdir(parents=True)
+    (env / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (env / "lib/python3.11/site-packages/pkg/__init__.py").write_text("VALUE = 1\n")
+    (env / "bin").mkdir()
+    (env / "bin/python").symlink_to("/usr/bin/python3")
+    manifest_file = ws / ".labrun/phases/experiments/manifest.json"
+    manifest = json.loads(manifest_file.read_text())
+    manifest["files"]["env/"] = "env:made-by-experiments"
+    manifest_file.write_text(json.dumps(manifest))
+    inode = os.stat(env / "pyvenv.cfg").st_ino
+
+    assert rerun_flow(ws, "experiments").is_completed()
+    kept = ws / ".labrun/branches/1/files/env"
+    assert os.stat(kept / "pyvenv.cfg").st_ino == inode  # linked, not copied
+    assert (kept / "lib/python3.11/site-packages/pkg/__init__.py").read_text() == "VALUE = 1\n"
+    assert os.readlink(kept / "bin/python") == "/usr/bin/python3"
+    assert not env.exists()
+
+
 def test_diff_of_two_branches_with_different_metrics(ws):
     code = ws / "src/experiment.py"
     code.write_text(code.read_text().replace("TRIALS = 1000", "TRIALS = 300"))
