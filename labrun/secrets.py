@@ -32,7 +32,7 @@ SECRET_SHAPES = re.compile(
     r"|github_pat_[A-Za-z0-9_]{50,}"
     r"|hf_[A-Za-z]{34}" + _END +  # Hugging Face
     r"|(?:AKIA|ASIA)[0-9A-Z]{16}" + _END +  # AWS access key ids
-    r"|xox[abposr]-\d+-[A-Za-z0-9\-]{8,}"  # Slack
+    r"|xox[abposr]-(?:\d+-){2,3}[A-Za-z0-9]{24,}" + _END +  # Slack: numeric ids, then the secret
     ")"
 )
 REDACTED = "[REDACTED]"
