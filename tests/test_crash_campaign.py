@@ -51,6 +51,9 @@ SEEDS = int(os.environ.get("LABRUN_CRASH_SEEDS", "2"))
 KILLS_PER_SESSION = 13
 KILLED = -9
 TOKENS = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+HISTORY = "## How the run went"
+"""The scripted REPORT.md's account of the attempts as they went: after a kill it rightly
+names the interrupted ones, so it is the one part that differs from an uninterrupted run."""
 
 
 class Backend:
@@ -125,6 +128,19 @@ def lost_replies(ws: Path, backend: Backend) -> int:
     return sum((billed - kept).values())
 
 
+def assert_same_work(ws: Path, reference: Path, attempts: list[dict], seed: int) -> None:
+    """The workspace holds what an uninterrupted run produced; REPORT.md's history names
+    this session's own attempts."""
+    files, expected = workspace_files(ws), workspace_files(reference)
+    assert {k: v for k, v in files.items() if k != "REPORT.md"} == {k: v for k, v in expected.items() if k != "REPORT.md"}, \
+        f"seed {seed}: the workspace differs from an uninterrupted run"
+    report, wanted = ((root / "REPORT.md").read_text().partition(HISTORY) for root in (ws, reference))
+    assert report[0] == wanted[0], f"seed {seed}: REPORT.md's findings differ from an uninterrupted run's"
+    if report[1]:
+        told = [int(n) for n in re.findall(r"^- Attempt (\d+) ", report[2], flags=re.M)]
+        assert told == [a["n"] for a in attempts], f"seed {seed}: REPORT.md does not name the attempts as they went"
+
+
 def check_after_kill(ws: Path, seen: dict, point: str, backend: Backend) -> None:
     if not (ws / ".labrun/state.json").exists():
         return  # killed before the session's first save: nothing was promised yet
@@ -166,7 +182,6 @@ def test_crash_campaign(tmp_path, forker, backend_class):
     try:
         done = run(tmp_path / "reference")
         assert done.returncode == 0, done.stderr
-        expected = workspace_files(tmp_path / "reference")
         kills = lost = 0
         seed = 0
         # A session that ends before its share of kills leaves the rest to another one.
@@ -192,7 +207,7 @@ def test_crash_campaign(tmp_path, forker, backend_class):
             assert report["session"]["complete"]
             assert all(a["status"] != "RUNNING" for a in report["attempts"])
             assert [a["status"] for a in report["attempts"] if a["status"] != "INTERRUPTED"][-1] == "SUCCESS"
-            assert workspace_files(ws) == expected, f"seed {seed}: the workspace differs from an uninterrupted run"
+            assert_same_work(ws, tmp_path / "reference", report["attempts"], seed)
             session_lost = lost_replies(ws, backend)
             notes = (ws / "STATE.md").read_text().count("if the API had answered it, that reply is lost")
             assert notes >= session_lost, "a lost reply went unreported"
