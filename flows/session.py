@@ -18,7 +18,7 @@ from prefect.exceptions import TerminationSignal
 from prefect.logging.handlers import APILogHandler
 from prefect.states import State
 
-from labrun.agents import AgentUnavailable
+from labrun.agents import AgentUnavailable, require_priced
 from labrun.artifacts import SessionArtifacts
 from labrun.branches import finish_rerun, rerun
 from labrun.model import UsageWindowSpent
@@ -56,19 +56,21 @@ def research_session(
     max_turns: int | None = None,
     with_phases: list[str] | None = None,
     paper_style: str | None = None,
+    network: bool | None = None,
     from_phase: str | None = None,
     note: str | None = None,
 ) -> dict[str, Any]:
     """`with_phases`: optional phases a new session runs too (e.g. ["resources", "paper"]),
     besides those its idea asks for; `paper_style`: the paper phase's LaTeX style (plain by
-    default). A session keeps the phases and the style it started with.
+    default). A session keeps the phases and the style it started with. `network`: False
+    runs the agent's commands without network from now on.
 
     `from_phase`: start a new branch of a session at this finished phase (`labrun rerun`):
     the phases before it are reused, it and the later ones run again with `agent` and `model`;
     `note` says why. A retry of this run continues the branch it started."""
     rerunning = bool(from_phase)  # the branch gets agent and model; the earlier one keeps its own
     session = Session.open(workspace, idea_path, None if rerunning else agent, None if rerunning else model,
-                           budget_usd, max_turns, with_phases or (), paper_style)
+                           budget_usd, max_turns, with_phases or (), paper_style, network)
     try:
         if rerunning:
             rerun(session, from_phase, agent, model, note or "", _flow_run_id())
@@ -95,6 +97,8 @@ def research_session(
 def run_session(session: Session) -> dict[str, Any]:
     store, ws = session.store, session.ws
     store.log(f"session run started (agent {session.state.agent})")
+    # A deployment run comes here without the command line's checks.
+    require_priced(session.state.agent, session.state.model, session.state.budget_usd)
     upstream: list[str] = []
     refresh = False
     kept = session.state.branches[-1].kept if session.state.branches else {}
@@ -109,7 +113,7 @@ def run_session(session: Session) -> dict[str, Any]:
             workspace=str(ws.root),
             phase_key=phase.key,
             number=number,
-            version=phase_version(session, phase.key),
+            version=phase_version(phase.key),
             upstream="-".join(upstream) or "none",
             rerun=refresh,
             branch=session.state.branch,

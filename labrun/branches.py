@@ -21,6 +21,7 @@ showed when the next one replaced it. Attempts keep one numbering across branche
 from __future__ import annotations
 
 import difflib
+import filecmp
 import json
 import os
 import shutil
@@ -30,8 +31,8 @@ from typing import Any
 from labrun.crashpoints import crashpoint
 from labrun.journal import Conversation, phase_usage
 from labrun.phases import BY_KEY
-from labrun.session import (Session, changed_outputs, read_manifest, sha256_file, total_usage,
-                            workspace_files)
+from labrun.session import Session, changed_outputs, read_manifest, total_usage
+from labrun.snapshot import workspace_files
 from labrun.state import Attempt, Branch, PhaseRecord, SessionState, StateStore, now
 from labrun.tools import parse_metrics
 from labrun.usage import Usage
@@ -233,7 +234,10 @@ def _clear(session: Session, record: dict[str, Any]) -> None:
     for key in record["replaced"]:
         shutil.rmtree(ws.phase_dir(key), ignore_errors=True)
     for f in record["created"]:
-        (ws.root / f).unlink(missing_ok=True)
+        if f.endswith("/"):  # an environment (one entry of labrun.snapshot's)
+            shutil.rmtree(ws.root / f, ignore_errors=True)
+        else:
+            (ws.root / f).unlink(missing_ok=True)
     with session.store._lock:
         session.state.branches[-1].cleaned = True
         session.store.save()
@@ -257,6 +261,10 @@ def _link(src: Path, dst: Path, copy: bool = False) -> None:
     """A hard link for a file that leaves the workspace (no copy of a big file); a copy
     (`copy`) of one that stays, since the next branch may rewrite it in place."""
     dst.parent.mkdir(parents=True, exist_ok=True)
+    if src.is_dir():  # an environment (one entry of labrun.snapshot's), linked file by file
+        shutil.copytree(src, dst, symlinks=True,
+                        copy_function=shutil.copy2 if copy else lambda s, d: _link(Path(s), Path(d)))
+        return
     if not copy:
         try:
             return os.link(src, dst)
@@ -353,7 +361,7 @@ def diff(root: Path, a: int, b: int) -> dict[str, Any]:
         if not pb.is_file() or not pa.is_file():
             files.append({"path": f, "status": f"only in branch {a if pa.is_file() else b}", "diff": []})
             continue
-        same = sha256_file(pa) == sha256_file(pb)
+        same = filecmp.cmp(pa, pb, shallow=False)
         files.append({"path": f, "status": "same" if same else "changed",
                       "diff": [] if same else _text_diff(pa, pb, f"branch {a}/{f}", f"branch {b}/{f}")})
     return {"a": a, "b": b, "metrics": metrics, "files": files}

@@ -1,5 +1,5 @@
 """Running an agent's command: in the workspace, in its own process group, with a timeout,
-bounded output, and a scrubbed environment."""
+bounded output, a scrubbed environment, and inside the sandbox (`labrun.sandbox`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from labrun.sandbox import Sandbox
 from labrun.secrets import redact, scrubbed_env
 
 
@@ -43,17 +44,22 @@ def run_command(
     max_output_bytes: int,
     show_chars: int = 20_000,
     on_start: Callable[[int], None] | None = None,
+    sandbox: Sandbox | None = None,
 ) -> CommandResult:
     """Run `command` with bash; its whole output goes to `log_path` (the kernel writes it,
     so the log survives a crash of the engine). The process group is killed on timeout or
     when the output passes `max_output_bytes`."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    argv = ["bash", "-c", command]
+    env = scrubbed_env()
+    if sandbox is not None and (wrapped := sandbox.wrap(argv)) != argv:
+        argv, env = wrapped, {**env, "TMPDIR": "/tmp"}
     start = time.monotonic()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            ["bash", "-c", command],
+            argv,
             cwd=cwd,
-            env=scrubbed_env(),
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

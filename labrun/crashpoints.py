@@ -1,8 +1,9 @@
 """Named instants at which the crash-campaign tests kill the engine.
 
 `LABRUN_CRASH_AT=<name>:<n>` makes the n-th arrival at `crashpoint(<name>)` in this process
-SIGKILL the process, so a test can hit windows too narrow for a timer (between a model reply
-and its tool results, between a STATE.md temp file and its rename). Unset, it costs one
+SIGKILL the process, so a test can hit windows too narrow for a timer (inside a model call,
+between a model reply's arrival and its journal record, between a reply and its tool results,
+between a STATE.md temp file and its rename, at each phase-table write). Unset, it costs one
 environment lookup.
 
 `result-write:<n>` reaches inside Prefect: the n-th record Prefect writes to a local result
@@ -55,5 +56,12 @@ def _tear_result_writes() -> None:
     LocalFileSystem.write_path = write_path
 
 
-if (_target() or ("",))[0] == "result-write":
-    _tear_result_writes()
+def arm() -> None:
+    """Reach into Prefect if LABRUN_CRASH_AT asks for it: done at import, and again by a
+    process forked after the import with its own LABRUN_CRASH_AT (tests/engine_forker.py)."""
+    _arrivals.clear()
+    if (_target() or ("",))[0] == "result-write":
+        _tear_result_writes()
+
+
+arm()

@@ -179,6 +179,7 @@ class Constraints(_Section):
     """The limit on the agent's own model use, in USD (`--budget-usd` overrides it)."""
     api_keys: list[EnvName] | None = None
     """Environment variables the experiments need (API keys, tokens), by name."""
+    network: bool | None = None  # labrun's: false runs the agent's commands without network
 
 
 class ExpectedOutput(_Section):

@@ -61,6 +61,15 @@ class Conversation:
     def add_user_text(self, text: str) -> None:
         self.append({"kind": "user", "content": [{"type": "text", "text": text}]})
 
+    def add_call(self, turn: int) -> None:
+        """A model call is about to be made (its reply follows, unless a crash cut it off)."""
+        self.append({"kind": "call", "turn": turn})
+
+    def cut_call(self) -> int | None:
+        """The turn of a model call that a crash cut off before its reply was saved."""
+        last = self.records[-1] if self.records else None
+        return last["turn"] if last and last["kind"] == "call" else None
+
     def add_reply(self, content: list[dict], usage: Usage, stop_reason: str | None) -> None:
         self.append(
             {"kind": "reply", "content": content, "usage": usage.model_dump(), "stop_reason": stop_reason}
@@ -110,7 +119,7 @@ class Conversation:
 
     def unanswered_tool_uses(self) -> list[dict[str, Any]]:
         """Tool calls of the last reply that have no result: cut off by a crash."""
-        replies = [i for i, r in enumerate(self.records) if r["kind"] == "reply"]
+        replies = [i for i, r in enumerate(self.records) if r["kind"] == "reply" and not refused(r)]
         if not replies:
             return []
         last = replies[-1]
@@ -125,7 +134,8 @@ class Conversation:
         messages: list[dict[str, Any]] = []
         for r in self.records:
             if r["kind"] == "reply":
-                messages.append({"role": "assistant", "content": r["content"]})
+                if r["content"] and not refused(r):  # the API asks to set a refused turn aside
+                    messages.append({"role": "assistant", "content": r["content"]})
                 continue
             if r["kind"] == "user":
                 blocks = r["content"]
@@ -139,6 +149,10 @@ class Conversation:
             else:
                 messages.append({"role": "user", "content": list(blocks)})
         return messages
+
+
+def refused(record: dict[str, Any]) -> bool:
+    return record.get("stop_reason") == "refusal"
 
 
 def _read_records(path: Path, repair: bool) -> list[dict[str, Any]]:

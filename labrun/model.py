@@ -31,6 +31,8 @@ class ModelReply(BaseModel):
 
     content: list[dict[str, Any]]
     stop_reason: str | None = None
+    stop_details: dict[str, Any] | None = None
+    """Why a refusal refused (the API's `category` and `explanation`), when it says."""
     usage: Usage = Field(default_factory=Usage)
     model: str = ""
 

@@ -4,7 +4,8 @@ Built-in prices are Anthropic's list prices (https://platform.claude.com/docs/en
 and each model's overview page), checked in November 2026. `cache_write` is the 5-minute
 cache write, the only kind labrun asks for. A file named by `LABRUN_PRICES` (YAML or JSON,
 `{model: {input, output, cache_write, cache_read}}`) is merged over them, model by model,
-for new models, negotiated prices or a gateway's own. A model with no price costs 0, with one warning.
+for new models, negotiated prices or a gateway's own. A model with no price costs 0, with one
+warning; so with a budget set, a session on such a model refuses to start (`require_price`).
 """
 
 from __future__ import annotations
@@ -97,6 +98,19 @@ def price_for(model: str) -> dict[str, Any] | None:
     """The price table of `model`, also found under its name without a date suffix."""
     prices = load_prices()
     return prices.get(model) or prices.get(_DATE_SUFFIX.sub("", model))
+
+
+class PriceUnknown(ValueError):
+    """No price for the model, so a budget could not be kept."""
+
+
+def require_price(model: str) -> None:
+    if price_for(model) is None:
+        raise PriceUnknown(
+            f"no price is known for model {model!r}, so its budget cannot be kept: give its price in USD "
+            f"per million tokens in a YAML or JSON file named by LABRUN_PRICES, for example "
+            f"`{model}: {{input: 3, output: 15, cache_write: 3.75, cache_read: 0.3}}`, or run without a budget"
+        )
 
 
 def cost_usd(model: str, usage: Usage) -> float:

@@ -21,6 +21,7 @@ The guidance layers, each looked up in the phase's template folder, then labrun'
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -260,8 +261,8 @@ def _status(record: Any) -> str:
 
 
 def template_sources(phase_key: str, domain: str) -> str:
-    """The source text of every template that shapes this phase's prompts, concatenated,
-    for the phase's cache version."""
+    """The source text of every template that shapes this phase's prompts, concatenated:
+    what `prompt_digest` digests."""
     phase_env = _env_for(_phase(phase_key).templates)
     names = [
         "system.md.j2",
@@ -271,6 +272,7 @@ def template_sources(phase_key: str, domain: str) -> str:
         "resume_note.md.j2",
         "nudge.md.j2",
         "interrupted_tool.md.j2",
+        "cut_off.md.j2",
         "digest.md.j2",
         "clock.md.j2",
         "code_references.md.j2",
@@ -285,6 +287,18 @@ def template_sources(phase_key: str, domain: str) -> str:
         source, _, _ = source_env.loader.get_source(source_env, name)
         parts.append(f"--- {name}\n{source}")
     return "\n".join(parts)
+
+
+def cut_off(name: str | None = None) -> str:
+    """What the model is told when its reply reached the output limit: for each tool call
+    in it (none is run), or once when it held no tool call."""
+    return _tidy(env.get_template("cut_off.md.j2").render(name=name or ""))
+
+
+def prompt_digest(phase_key: str, domain: str) -> str:
+    """The wording of the phase's templates: a finished phase whose digest differs from the
+    current one was finished with an older prompt."""
+    return hashlib.sha256(template_sources(phase_key, domain).encode()).hexdigest()[:16]
 
 
 def interrupted_tool(name: str) -> str:

@@ -1,35 +1,73 @@
-"""Keep secrets out of everything labrun writes: STATE.md, logs, transcripts, artifacts."""
+"""Keep secrets out of everything labrun writes: STATE.md, logs, transcripts, artifacts.
+
+Two rules, both exact enough never to touch an ordinary word or file name: the values of
+the environment's secret variables (a name with a part such as KEY, TOKEN or PASSWORD), and
+strings in the shape of a credential with a known prefix, standing as a word of their own.
+"""
 
 from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from functools import lru_cache
+from typing import Any, Mapping
 
-SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", re.I)
-# Strings shaped like a credential even when no variable holds them.
+# Name parts (split on _ - .) that say a variable holds a secret: GITHUB_TOKEN, DB_PASSWORD,
+# AWS_SECRET_ACCESS_KEY; never GIT_AUTHOR_NAME, TOKENIZERS_PARALLELISM or KEYBOARD.
+SECRET_PARTS = {"KEY", "KEYS", "APIKEY", "TOKEN", "TOKENS", "SECRET", "SECRETS", "PASSWORD",
+                "PASSWD", "PASSPHRASE", "CREDENTIAL", "CREDENTIALS", "AUTH", "PAT"}
+SECRET_SUFFIXES = ("PASSWORD", "PASSWD", "TOKEN", "SECRET", "APIKEY")  # PGPASSWORD, ACCESSTOKEN
+MIN_SECRET_CHARS = 8
+WORD_SAFE_CHARS = 16
+"""An environment secret shorter than this is redacted only where it stands as a word."""
+
+_START = r"(?<![A-Za-z0-9])"  # a token begins a word: "task-specific" holds no "sk-"
+_END = r"(?![A-Za-z0-9])"
 SECRET_SHAPES = re.compile(
-    r"sk-ant-[A-Za-z0-9_\-]{8,}"
-    r"|sk-[A-Za-z0-9_\-]{20,}"
-    r"|gh[pousr]_[A-Za-z0-9]{20,}"
-    r"|github_pat_[A-Za-z0-9_]{20,}"
-    r"|AKIA[0-9A-Z]{16}"
-    r"|xox[abpr]-[A-Za-z0-9\-]{10,}"
-    r"|hf_[A-Za-z0-9]{20,}"
+    _START + "(?:"
+    r"sk-ant-[a-z]{2,10}\d{2}-[A-Za-z0-9_\-]{16,}"  # Anthropic: sk-ant-api03-…, sk-ant-admin01-…
+    r"|sk-(?:proj|svcacct|admin)-[A-Za-z0-9_\-]{20,}"  # OpenAI project and service keys
+    r"|sk-[A-Za-z0-9]{40,}" + _END +  # OpenAI's older keys: 48 letters and digits, no dashes
+    r"|gh[pousr]_[A-Za-z0-9]{36}" + _END +  # GitHub tokens
+    r"|github_pat_[A-Za-z0-9_]{50,}"
+    r"|hf_[A-Za-z]{34}" + _END +  # Hugging Face
+    r"|(?:AKIA|ASIA)[0-9A-Z]{16}" + _END +  # AWS access key ids
+    r"|xox[abposr]-(?:\d+-){2,3}[A-Za-z0-9]{24,}" + _END +  # Slack: numeric ids, then the secret
+    ")"
 )
 REDACTED = "[REDACTED]"
 
 
-def secret_values(environ: dict[str, str] | None = None) -> list[str]:
-    """Values of environment variables whose names say they hold a secret."""
+@lru_cache(maxsize=4096)
+def is_secret_name(name: str) -> bool:
+    parts = re.split(r"[_\-.]", name.upper())
+    return any(p in SECRET_PARTS or p.endswith(SECRET_SUFFIXES) for p in parts)
+
+
+def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Values of the environment's secret variables, longest first. A value that names an
+    existing absolute path (SSH_AUTH_SOCK, a key file's location) is a place, not a secret."""
     env = os.environ if environ is None else environ
-    values = {v for k, v in env.items() if SECRET_NAME.search(k) and len(v) >= 8}
+    values = {
+        v for k, v in env.items()
+        if is_secret_name(k) and len(v) >= MIN_SECRET_CHARS and not (os.path.isabs(v) and os.path.exists(v))
+    }
     return sorted(values, key=len, reverse=True)
 
 
+def _values_pattern(values: list[str]) -> re.Pattern[str] | None:
+    if not values:
+        return None
+    alternatives = [
+        re.escape(v) if len(v) >= WORD_SAFE_CHARS else _START + re.escape(v) + _END for v in values
+    ]
+    return re.compile("|".join(alternatives))
+
+
 def redact(text: str) -> str:
-    for value in secret_values():
-        text = text.replace(value, REDACTED)
+    values = _values_pattern(secret_values())
+    if values is not None:
+        text = values.sub(REDACTED, text)
     return SECRET_SHAPES.sub(REDACTED, text)
 
 
@@ -48,4 +86,4 @@ def scrubbed_env() -> dict[str, str]:
     """The environment for agent commands: no secrets, except those the user passes on by
     name in LABRUN_PASS_ENV (comma-separated) because the idea needs them."""
     allow = {n.strip() for n in os.environ.get("LABRUN_PASS_ENV", "").split(",") if n.strip()}
-    return {k: v for k, v in os.environ.items() if k in allow or not SECRET_NAME.search(k)}
+    return {k: v for k, v in os.environ.items() if k in allow or not is_secret_name(k)}

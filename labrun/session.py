@@ -3,9 +3,7 @@ phase tasks and the tools of one engine process."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import shutil
 import uuid
 from pathlib import Path
@@ -16,41 +14,17 @@ from labrun.idea import Idea, load_idea
 from labrun.state import DEFAULT_TIME_LIMIT_S, Attempt, PhaseRecord, SessionState, StateStore, session_clock
 from labrun.journal import Conversation, phase_usage
 from labrun.plan import Plan
+from labrun.sandbox import Sandbox
+from labrun.snapshot import changed, entry_digest
 from labrun.usage import Budget, Usage
 from labrun.workspace import Workspace, write_json
 from labrun.paper import DEFAULT_STYLE, load_style
 from labrun.phases import BY_KEY, Phase, Work, phase_list
 
-IGNORED_DIRS = {".labrun", ".git", ".venv", "venv", "__pycache__", "node_modules",
-                ".ipynb_checkpoints", ".pytest_cache", ".mypy_cache"}
-SOURCE_SUFFIXES = {".py", ".sh", ".r", ".jl", ".js", ".ts", ".c", ".cc", ".cpp", ".h", ".hpp",
-                   ".rs", ".go", ".java", ".lean", ".m", ".yaml", ".yml", ".toml", ".cfg",
-                   ".ini", ".txt", ".ipynb", ".tex", ".bib", ".sty", ".cls"}
 
 
 class SessionMismatch(Exception):
     pass
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def workspace_files(root: Path) -> dict[str, str]:
-    """sha256 of every file the agent's work consists of (engine data and STATE.md aside)."""
-    found = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in IGNORED_DIRS)
-        for name in filenames:
-            path = Path(dirpath) / name
-            rel = str(path.relative_to(root))
-            if rel != "STATE.md" and path.is_file() and not path.is_symlink():
-                found[rel] = sha256_file(path)
-    return found
 
 
 def changed_outputs(manifest: dict[str, Any], recorded: dict[str, str], root: Path,
@@ -59,8 +33,8 @@ def changed_outputs(manifest: dict[str, Any], recorded: dict[str, str], root: Pa
     finished phase recorded for them."""
     changed = []
     for rel in manifest.get("files", {}):
-        path = root / rel
-        if not path.is_file() or (not missing_only and sha256_file(path) != recorded.get(rel)):
+        now = entry_digest(root, rel)
+        if now is None or (not missing_only and now != recorded.get(rel)):
             changed.append(rel)
     return changed
 
@@ -96,6 +70,7 @@ class Session:
         max_turns: int | None = None,
         with_phases: Iterable[str] = (),
         paper_style: str | None = None,
+        network: bool | None = None,
     ) -> "Session":
         """Open (or create) the session in `workspace` and hold its lock until `close`.
         `with_phases` names the optional phases a new session runs besides the default ones
@@ -126,7 +101,7 @@ class Session:
                 session._check_phases(keys if with_phases else None)
                 session._check_paper_style(paper_style)
                 session._migrate()
-                session._settle(agent, model, budget_usd, max_turns)
+                session._settle(agent, model, budget_usd, max_turns, network)
                 session.reconcile_after_crash()
             else:
                 if idea is None:
@@ -148,6 +123,7 @@ class Session:
                     phases={k: PhaseRecord() for k in keys},
                     paper_style=(style or DEFAULT_STYLE) if "paper" in keys else None,
                     plan=Plan.for_criteria(idea.evaluation_criteria),
+                    network=network is not False,
                 )
                 store = StateStore(ws, state)
                 session = cls(ws, store, idea)
@@ -205,17 +181,21 @@ class Session:
                 state.budget_from = "--budget-usd" if state.budget_usd is not None else "none"
 
     def _settle(self, agent: str | None, model: str | None, budget_usd: float | None,
-                max_turns: int | None) -> None:
+                max_turns: int | None, network: bool | None) -> None:
         """A resume keeps the session's settings unless told otherwise."""
         if max_turns is not None:
             self.state.max_turns = max_turns
         if agent and agent != self.state.agent:
             self.state.agent = agent
         if model and model != self.state.model:
+            self.store.event(f"model {self.state.model or 'default'} → {model} for the phases still to run")
             self.state.model = model
         if budget_usd is not None:
             self.state.budget_usd = budget_usd
             self.state.budget_from = "--budget-usd"
+        if network is False and self.state.network:
+            self.state.network = False
+            self.store.event("agent commands run without network from now on (--no-network)")
         self.store.save()
 
     def reconcile_after_crash(self) -> None:
@@ -232,7 +212,8 @@ class Session:
 
     # -- attempts --------------------------------------------------------------------------
 
-    def new_attempt(self, phase_key: str, inp) -> Attempt:
+    def new_attempt(self, phase_key: str, inp, files_before: dict[str, str]) -> Attempt:
+        """Attempt n, RUNNING; `files_before` is the workspace as it found it."""
         with self.store._lock:
             n = len(self.state.attempts) + 1
             attempt = Attempt(
@@ -245,9 +226,9 @@ class Session:
                 outputs=list(inp.outputs),
                 metrics_file=inp.metrics_file,
                 log=f".labrun/attempts/attempt-{n:03d}.log",
-                sources_digest=self.sources_digest(),
                 branch=self.state.branch,
             )
+            write_json(self.attempt_files_path(n), {"before": files_before, "wrote": None})
             self.state.attempts.append(attempt)
             self.store.event(f"attempt {n} started: {inp.command}")
             self.store.save()
@@ -264,10 +245,22 @@ class Session:
                 )
             self.store.save()
 
-    def sources_digest(self) -> str:
-        files = workspace_files(self.ws.root)
-        sources = {k: v for k, v in files.items() if Path(k).suffix.lower() in SOURCE_SUFFIXES}
-        return hashlib.sha256(json.dumps(sources, sort_keys=True).encode()).hexdigest()[:16]
+    def attempt_files_path(self, n: int) -> Path:
+        return self.ws.attempts / f"attempt-{n:03d}.files.json"
+
+    def attempt_files(self, n: int) -> dict[str, Any] | None:
+        """The workspace as attempt n found it (`before`) and the files it wrote itself
+        (`wrote`, None until it ended); None for an attempt of an older labrun."""
+        try:
+            return json.loads(self.attempt_files_path(n).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def attempt_wrote(self, n: int, files_after: dict[str, str]) -> None:
+        """Record what attempt n changed in the workspace, for the retry rule."""
+        files = self.attempt_files(n) or {"before": {}}
+        files["wrote"] = sorted(changed(files["before"], files_after))
+        write_json(self.attempt_files_path(n), files)
 
     # -- phases ----------------------------------------------------------------------------
 
@@ -346,6 +339,11 @@ class Session:
 
     def max_turns(self, phase: Phase) -> int:
         return self.state.max_turns or phase.max_turns
+
+    def sandbox(self) -> Sandbox:
+        """Where agent commands run; no network when the session or the idea says so."""
+        network = self.state.network and self.idea.constraints.network is not False
+        return Sandbox(self.ws.root, self.ws.data / "sandbox" / "tmp", (self.ws.data,), network)
 
     @property
     def time_limit_s(self) -> int:

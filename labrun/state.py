@@ -20,6 +20,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from pydantic import BaseModel, Field
 
 from labrun.plan import Plan, coverage, output_exists
+from labrun.crashpoints import crashpoint
 from labrun.resources import TEMPLATES
 from labrun.secrets import redact
 from labrun.usage import Usage, reported_spend
@@ -30,6 +31,8 @@ log = logging.getLogger("labrun")
 DEFAULT_TIME_LIMIT_S = 3600
 """NeuriCo's schema's default `constraints.time_limit`."""
 PhaseStatus = Literal["pending", "IN PROGRESS", "DONE", "FAILED"]
+TRANSITIONS = {"IN PROGRESS": "phase-start", "DONE": "phase-done", "FAILED": "phase-failed"}
+"""The crash point (labrun.crashpoints) just before each kind of phase-table write."""
 AttemptStatus = Literal["RUNNING", "FAILED", "SUCCESS", "INTERRUPTED"]
 STATE_SECTIONS = (
     "Session Title", "Current State", "Worklog", "Research Specification",
@@ -66,8 +69,6 @@ class Attempt(BaseModel):
     metrics_file: str | None = None
     log: str = ""
     pgid: int | None = None
-    sources_digest: str = ""
-    """Digest of the workspace's source files when the attempt started."""
     branch: int = 1
     """The branch of the session it ran in (`labrun rerun`); the numbering is one sequence."""
 
@@ -131,6 +132,8 @@ class SessionState(BaseModel):
     """Overrides every phase's turn limit when set."""
     paper_style: str | None = None
     """The paper phase's LaTeX style (`templates/paper_styles/`), when it has that phase."""
+    network: bool = True
+    """Agent commands may use the network (`--no-network` turns it off)."""
     created_at: str = Field(default_factory=now)
     phases: dict[str, PhaseRecord] = Field(
         default_factory=lambda: {k: PhaseRecord() for k in DEFAULT}
@@ -371,10 +374,19 @@ class StateStore:
             self.save()
 
     def set_phase(self, key: str, status: PhaseStatus, event: str, error: str | None = None) -> None:
+        """The one writer of the phase table, called in the order the flow walks its phases:
+        IN PROGRESS by the phase task as it starts, DONE or FAILED by the flow from the
+        task's Prefect state. A phase that starts makes every phase after it pending: the
+        flow runs them after it, whatever they read before."""
+        crashpoint(TRANSITIONS[status])
         with self._lock:
             record = self.state.phases[key]
             record.status = status
             record.error = error
+            if status == "IN PROGRESS":
+                keys = list(self.state.phases)
+                for later in keys[keys.index(key) + 1:]:
+                    self.state.phases[later] = PhaseRecord(runs=self.state.phases[later].runs)
             self.event(event)
             self.save()
 

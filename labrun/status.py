@@ -10,7 +10,7 @@ from labrun.branches import rerun_pending, summaries
 from labrun.journal import phase_usage
 from labrun.plan import summary as plan_summary
 from labrun.session import changed_outputs
-from labrun.state import load_state, session_clock
+from labrun.state import SessionState, load_state, session_clock
 from labrun.usage import Usage
 from labrun.workspace import Workspace
 
@@ -19,11 +19,12 @@ def session_status(root: Path) -> dict[str, Any]:
     ws = Workspace(root)
     state, note = load_state(ws)
     phases, total = [], sum((b.archived for b in state.branches), Usage())
+    older = older_prompts(ws, state)
     for number, (key, record) in enumerate(state.phases.items(), 1):
         usage = phase_usage(ws.phase_dir(key))
         total += usage
-        phases.append({"key": key, "number": number, "status": record.status,
-                       "runs": record.runs, "error": record.error, "usage": usage.model_dump()})
+        phases.append({"key": key, "number": number, "status": record.status, "runs": record.runs,
+                       "error": record.error, "usage": usage.model_dump(), "older_prompt": key in older})
     return {
         "session": {
             "id": state.session_id,
@@ -53,6 +54,26 @@ def session_status(root: Path) -> dict[str, Any]:
         "notes": [note] if note else [],
         "branches": summaries(ws, state, total),
     }
+
+
+def older_prompts(ws: Workspace, state: SessionState) -> set[str]:
+    """Finished phases whose templates have been reworded since they ran. They stay finished
+    (the cache version is what a phase asks, not its wording); the user may redo them."""
+    from labrun.idea import load_idea
+    from labrun.phases import BY_KEY
+    from labrun.prompts import prompt_digest
+
+    done = [k for k, r in state.phases.items() if r.status == "DONE" and k in BY_KEY]
+    if not done:
+        return set()
+    domain = load_idea(ws.data / "idea.yaml").guidance_domain
+    older = set()
+    for key in done:
+        manifest = ws.phase_dir(key) / "manifest.json"
+        asked = json.loads(manifest.read_text()).get("prompt") if manifest.exists() else None
+        if asked is not None and asked != prompt_digest(key, domain):
+            older.add(key)
+    return older
 
 
 def finished_and_intact(root: Path) -> bool:

@@ -30,6 +30,8 @@ RETRY_BASE_S = float(os.environ.get("LABRUN_RETRY_BASE_S", "2"))
 RETRY_DELAYS = [RETRY_BASE_S * 2**i for i in range(8)]
 JITTER = 0.5
 LONG_WAIT_S = 600
+CUT_OFF = {"max_tokens", "model_context_window_exceeded"}
+"""Stop reasons of a reply that ended before the model meant it to."""
 
 
 class PhaseStopped(Exception):
@@ -79,7 +81,6 @@ def back_off(e: TransientModelError, what: str) -> NoReturn:
     **RETRY_POLICY,
 )
 def model_call(model: Model, request: ModelRequest, phase: str, turn: int) -> ModelReply:
-    crashpoint("model-call")
     try:
         return model.complete(request)
     except TransientModelError as e:
@@ -100,19 +101,40 @@ def run_turns(model: Model, toolbox: ToolBox, convo: Conversation, system: str, 
         budget.check()
         toolbox.session.ws.check_disk()
         request = ModelRequest(system=system, messages=convo.messages(), tools=specs, web=toolbox.phase.web)
+        convo.add_call(convo.turns + 1)  # a crash before the reply is saved shows on resume
         reply = model_call(model, request, phase=phase, turn=convo.turns + 1)
+        crashpoint("reply-received")  # the one window where a billed reply can be lost
         convo.add_reply(reply.content, reply.usage, reply.stop_reason)
         crashpoint("reply-saved")
         budget.spend(reply.usage)
         tool_uses = [b for b in reply.content if b.get("type") == "tool_use"]
-        for block in tool_uses:
-            result = toolbox.call(block["name"], block.get("input") or {})
-            convo.add_tool_result(block["id"], block["name"], result.content, result.is_error)
-        _report(toolbox, convo, tool_uses, budget.used)
+        if reply.stop_reason == "refusal":  # asked again, it would be refused again, and paid
+            _report(toolbox, convo, [], budget.used)
+            raise PhaseStopped(refused(phase, reply, toolbox.root))
         if reply.stop_reason == "pause_turn":
-            continue  # the API paused its own tool loop: sent back as it is, the turn goes on
-        if not tool_uses and toolbox.completed is None:
-            convo.add_user_text(prompts.nudge(phase, "; ".join(toolbox.missing()), toolbox.session.state.phases))
+            pass  # a long server-side turn paused: sent back as it is, it goes on
+        elif reply.stop_reason in CUT_OFF:
+            # A tool call the limit cut short has incomplete input: none in the reply is run.
+            for block in tool_uses:
+                convo.add_tool_result(block["id"], block["name"], prompts.cut_off(block["name"]), True)
+            if not tool_uses:
+                convo.add_user_text(prompts.cut_off())
+        else:
+            for block in tool_uses:
+                result = toolbox.call(block["name"], block.get("input") or {})
+                convo.add_tool_result(block["id"], block["name"], result.content, result.is_error)
+            if not tool_uses and toolbox.completed is None:
+                convo.add_user_text(prompts.nudge(phase, "; ".join(toolbox.missing()), toolbox.session.state.phases))
+        _report(toolbox, convo, tool_uses, budget.used)
+
+
+def refused(phase: str, reply: ModelReply, workspace) -> str:
+    """One line: the phase stops; another model may not refuse."""
+    details = reply.stop_details or {}
+    why = "; ".join(str(details[k]) for k in ("category", "explanation") if details.get(k))
+    return (f"the model ({reply.model or 'unnamed'}) refused to go on with phase {phase}"
+            + (f" ({why})" if why else "") + "; the refused reply is set aside: resume, or try another "
+            f"model with `labrun resume {workspace} --model MODEL`")
 
 
 def _report(toolbox: ToolBox, convo: Conversation, tool_uses: list[dict], used: Usage) -> None:

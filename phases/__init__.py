@@ -52,6 +52,10 @@ class Phase:
     setup: Callable[["Session"], dict[str, Any]] | None = None
     """Run when the phase's conversation starts: may put the files the phase starts from
     into the workspace, and returns variables for its templates."""
+    version: int = 1
+    """What the phase's templates ask, as a number: raise it when they ask something new, and
+    finished phases run again. A rewording leaves them finished (`labrun status` shows
+    them as finished with an older prompt)."""
 
     @property
     def sections(self) -> tuple[str, ...]:

@@ -18,6 +18,7 @@ from prefect.transactions import CommitMode, transaction
 from labrun.commands import run_command
 from labrun.crashpoints import crashpoint
 from labrun.session import Session
+from labrun.snapshot import changed, workspace_files
 from labrun.state import Attempt
 from labrun.tools import RunExperimentInput, ToolError, parse_metrics
 
@@ -28,8 +29,9 @@ DISK_FULL = os.strerror(errno.ENOSPC)  # "No space left on device"
 
 
 def start_attempt(session: Session, phase_key: str, inp: RunExperimentInput) -> Attempt:
-    refuse_if_repeated(session, inp)
-    attempt = session.new_attempt(phase_key, inp)
+    files = workspace_files(session.ws.root)
+    refuse_if_repeated(session, inp, files)
+    attempt = session.new_attempt(phase_key, inp, files)
     with transaction(commit_mode=CommitMode.EAGER):
         record = experiment_attempt.with_options(result_storage=session.ws.results)(
             session_id=session.state.session_id, workspace=str(session.ws.root), n=attempt.n
@@ -37,8 +39,12 @@ def start_attempt(session: Session, phase_key: str, inp: RunExperimentInput) -> 
     return Attempt.model_validate(record)
 
 
-def refuse_if_repeated(session: Session, inp: RunExperimentInput) -> None:
-    """A refused call is not an attempt: it gets no number, only a Worklog line."""
+def refuse_if_repeated(session: Session, inp: RunExperimentInput, files: dict[str, str]) -> None:
+    """A refused call is not an attempt: it gets no number, only a Worklog line.
+
+    "The same failed command on unchanged sources": the workspace now (`files`) against the
+    workspace as the failed attempt found it. What that attempt wrote itself, its declared
+    outputs and its metrics file do not count; any other change does, whatever the file."""
     attempts = session.state.attempts
     last = attempts[-1] if attempts else None
     reason = None
@@ -48,16 +54,23 @@ def refuse_if_repeated(session: Session, inp: RunExperimentInput) -> None:
             "before the next attempt"
         )
     else:
-        sources = session.sources_digest()
         for a in attempts:
-            if a.status == "FAILED" and a.command == inp.command and a.sources_digest == sources:
+            found = session.attempt_files(a.n) if a.status == "FAILED" and a.command == inp.command else None
+            if found is None or found["wrote"] is None:
+                continue
+            own = set(found["wrote"]) | set(a.outputs) | {a.metrics_file} - {None}
+            if not [f for f in changed(found["before"], files) if not _under(f, own)]:
                 reason = (
-                    f"attempt {_named(session, a)} already ran this command on these same source files and "
-                    f"failed ({a.error}); change the code or the command first"
+                    f"attempt {_named(session, a)} already ran this command on these same files and "
+                    f"failed ({a.error}); change the code, its inputs or the command first"
                 )
     if reason:
         session.store.log(f"run_experiment refused: {reason}")
         raise ToolError(f"Refused, not run: {reason}.")
+
+
+def _under(path: str, paths: set[str]) -> bool:
+    return any(path == p or path.startswith(p.rstrip("/") + "/") for p in paths)
 
 
 def _named(session: Session, attempt: Attempt) -> str:
@@ -86,8 +99,10 @@ def experiment_attempt(session_id: str, workspace: str, n: int) -> dict:
         timeout_s=session.time_limit_s,
         max_output_bytes=MAX_OUTPUT_BYTES,
         on_start=lambda pgid: (session.update_attempt(n, pgid=pgid), crashpoint("attempt")),
+        sandbox=session.sandbox(),
     )
     session.ws.release_reserve_if_full()  # so that this attempt's record fits
+    session.attempt_wrote(n, workspace_files(session.ws.root))
     status, error, metrics, outputs = judge(session, attempt, result)
     session.update_attempt(
         n,

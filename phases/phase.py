@@ -14,26 +14,22 @@ from typing import Any
 from prefect import task
 
 from labrun import prompts
-from labrun.agents import make_agent, web_tools
+from labrun.agents import make_agent
 from labrun.crashpoints import crashpoint
 from labrun.journal import Conversation, phase_usage
-from labrun.session import Session, workspace_files
+from labrun.session import Session
+from labrun.snapshot import workspace_files
 from labrun.phases import BY_KEY, Phase
 from labrun.phases.attempts import start_attempt
-from labrun.tools import ToolBox, tool_specs
+from labrun.tools import ToolBox
 
 
-def phase_version(session: Session, key: str) -> str:
-    """What shapes the phase's work: its templates, the tools, the agent's settings."""
-    agent = make_agent(session.state.agent, session.state.model)
-    parts = [
-        prompts.template_sources(key, session.idea.guidance_domain),
-        json.dumps(tool_specs(session.state.phases), sort_keys=True),
-        json.dumps({"agent": session.state.agent, **agent.settings}, sort_keys=True),
-    ]
-    if BY_KEY[key].web:
-        parts.append(json.dumps(web_tools(session.state.agent)))
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+def phase_version(key: str) -> str:
+    """The phase's cache version: what it asks of the agent (its declared version and its
+    completion rule). Never the model, the agent's settings, labrun's own version or the
+    wording of the templates: a finished phase stays finished when those change."""
+    phase = BY_KEY[key]
+    return hashlib.sha256(f"{key}\0{phase.version}\0{phase.rule_text()}".encode()).hexdigest()[:16]
 
 
 def toolbox(session: Session, phase: Phase) -> ToolBox:
@@ -81,6 +77,11 @@ def run_phase(session_id: str, workspace: str, phase_key: str, number: int, vers
         # Finished, but the engine died before Prefect committed the result.
         session.store.set_phase(phase_key, "IN PROGRESS", f"phase {number} {phase_key} found finished in its journal")
         return convo.completed
+    cut = convo.cut_call() if convo is not None else None
+    if cut is not None:
+        # Saved before the journal moves on past the cut call, so that it is said once at least.
+        session.store.log(f"phase {number} {phase_key}: the engine stopped in the model call of turn {cut}; "
+                          "if the API had answered it, that reply is lost and its cost is not counted")
     if convo is not None and convo.completed is None and convo.turns:
         interrupted = convo.unanswered_tool_uses()
         for block in interrupted:
@@ -94,8 +95,9 @@ def run_phase(session_id: str, workspace: str, phase_key: str, number: int, vers
         # A phase cut off before its first reply keeps its prompt: the same request is asked again.
         if not any(r["kind"] == "system" for r in convo.records):
             files_before = workspace_files(session.ws.root)  # what the phase's `setup` puts there is its own
-            system = prompts.phase_system_prompt(session, phase_key)
-            convo.append({"kind": "system", "text": system, "files_before": files_before})
+            convo.append({"kind": "system", "text": prompts.phase_system_prompt(session, phase_key),
+                          "files_before": files_before,
+                          "prompt": prompts.prompt_digest(phase_key, session.idea.guidance_domain)})
         if not any(r["kind"] == "user" for r in convo.records):
             convo.add_user_text(prompts.kickoff(phase_key, order))
         event = f"phase {number} {phase_key} started (run {record.runs})"
@@ -114,6 +116,7 @@ def run_phase(session_id: str, workspace: str, phase_key: str, number: int, vers
         "summary": completion.get("summary", ""),
         "files": {k: v for k, v in files_now.items() if start["files_before"].get(k) != v},
         "sections": sorted(k for k, v in (completion.get("sections") or {}).items() if v),
+        "prompt": start.get("prompt"),  # the templates it was asked with (`labrun status`)
         "usage": phase_usage(phase_dir).model_dump(),
     }
     session.finish_phase(phase_key, manifest)

@@ -2,7 +2,8 @@
 
 `AutoResearcher()` is a callable `f(body) -> reply` for `FakeMessagesAPI(default=...)`. It
 reads the phase from the system prompt's first line (`# Phase N of M: key`) and the turn
-from the conversation (assistant messages so far, plus one), and answers with the tool
+from the conversation (assistant messages so far, plus one; a turn whose calls an
+interruption cut off is done again), and answers with the tool
 calls that do that phase's work through labrun's real tools: it writes a plan, makes
 folders, writes and smoke-tests a small simulation, runs it with `run_experiment`, reads
 its metrics, and writes the report, ending each phase with `complete_phase` and the
@@ -114,6 +115,19 @@ def tool_results(body: dict[str, Any]) -> list[str]:
     return found
 
 
+def cut_off_turns(body: dict[str, Any]) -> int:
+    """Turns whose every tool call an interruption cut off: like a model, the responder does
+    such a turn again."""
+    count = 0
+    messages = body.get("messages", [])
+    for i, m in enumerate(messages):
+        if m.get("role") != "assistant" or i + 1 >= len(messages):
+            continue
+        answers = [b for b in messages[i + 1].get("content") or [] if isinstance(b, dict) and b.get("type") == "tool_result"]
+        count += bool(answers) and all(b.get("is_error") and "cut off" in str(b.get("content")) for b in answers)
+    return count
+
+
 def _title(body: dict[str, Any]) -> str:
     system = body["system"] if isinstance(body["system"], str) else body["system"][0]["text"]
     found = re.search(r"^\*\*Title:\*\*\s*(.+)$", system, flags=re.M)
@@ -139,7 +153,7 @@ class AutoResearcher:
             queue = self.faults.get((phase, turn))
             if queue:
                 return queue.pop(0)
-        answer = getattr(self, phase)(body, turn)
+        answer = getattr(self, phase)(body, turn - cut_off_turns(body))
         if isinstance(answer, dict):
             return answer  # a reply of the API's own tools, as it comes
         say, calls = answer

@@ -52,3 +52,16 @@ def template_copy(tmp_path, monkeypatch) -> Path:
     monkeypatch.setattr(prompts, "TEMPLATES", root)
     monkeypatch.setattr(prompts, "env", prompts.make_env(root))
     return root
+
+
+@pytest.fixture(scope="session")
+def forker(prefect_api):
+    """Engines to kill, cheaply: `forker.run(args, env)` is `labrun <args>` in a fresh
+    process forked from one that imported labrun and Prefect once (tests/engine_forker.py)."""
+    from engine_forker import EngineForker
+
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("LABRUN_MODEL", "LABRUN_PRICES", "LABRUN_CONTEXT_MANAGEMENT", "ANTHROPIC_AUTH_TOKEN",
+                          "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "LABRUN_CRASH_AT", "LABRUN_SCRIPTED_FAULTS")}
+    with EngineForker(clean, inherit=False) as engines:
+        yield engines

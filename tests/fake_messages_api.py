@@ -8,9 +8,12 @@ A scripted response is a dict (JSON, so a script file can hold it too):
 
     {"text": "Hello"}                                   one text block
     {"content": [{"type": "text", "text": "..."},        any blocks: text, tool_use (its input
-                 {"type": "tool_use", "id": "toolu_1",   is streamed as input_json_delta),
-                  "name": "bash", "input": {...}}],      thinking (with a signature)
+                 {"type": "tool_use", "id": "toolu_1",   is streamed as input_json_delta; or
+                  "name": "bash", "input": {...}}],      "partial_json": a raw string, streamed
+                                                         as it is: a call cut off mid-input),
+                                                         thinking (with a signature)
      "stop_reason": "tool_use",                          default: tool_use if a tool_use block
+     "stop_details": {...},                              sent with the stop reason (a refusal's)
      "usage": {"input_tokens": 10, "output_tokens": 5,   any of the four counts
                "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0},
      "model": "...", "headers": {...}}                   default model: the request's
@@ -141,6 +144,7 @@ def _error(status: int, kind: str, message: str) -> dict[str, Any]:
 
 def _message(n: int, reply: dict[str, Any], body: dict[str, Any], usage: dict[str, int]) -> dict[str, Any]:
     content = reply.get("content") or [{"type": "text", "text": reply.get("text", "")}]
+    content = [_whole(b) for b in content]
     has_tool_use = any(b.get("type") == "tool_use" for b in content)
     calls = collections.Counter(b.get("name") for b in content if b.get("type") == "server_tool_use")
     if calls:
@@ -154,14 +158,23 @@ def _message(n: int, reply: dict[str, Any], body: dict[str, Any], usage: dict[st
         "content": content,
         "stop_reason": reply.get("stop_reason") or ("tool_use" if has_tool_use else "end_turn"),
         "stop_sequence": None,
+        "stop_details": reply.get("stop_details"),
         "usage": usage,
     }
+
+
+def _whole(block: dict[str, Any]) -> dict[str, Any]:
+    """A block as the final message holds it; a cut-off tool call's input as far as it got."""
+    if "partial_json" not in block:
+        return block
+    return {**{k: v for k, v in block.items() if k != "partial_json"}, "input": block.get("input", {})}
 
 
 def _events(message: dict[str, Any], reply: dict[str, Any]) -> Iterable[tuple[str, dict[str, Any]]]:
     """The Messages API's event sequence for `message`, deltas split in two to be realistic."""
     usage = message["usage"]
-    start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
+    start = {**message, "content": [], "stop_reason": None, "stop_details": None,
+             "usage": {**usage, "output_tokens": 1}}
     yield "message_start", {"type": "message_start", "message": start}
     if reply.get("stream_error"):
         yield "error", {"type": "error", "error": reply["stream_error"]}
@@ -173,8 +186,10 @@ def _events(message: dict[str, Any], reply: dict[str, Any]) -> Iterable[tuple[st
             first, deltas = {"type": "text", "text": ""}, [{"type": "text_delta", "text": t} for t in _halves(block["text"])]
             deltas += [{"type": "citations_delta", "citation": c} for c in block.get("citations") or []]
         elif kind in ("tool_use", "server_tool_use"):
+            raw = (reply.get("content") or [{}])[index].get("partial_json")
             first = {**block, "input": {}}
-            deltas = [{"type": "input_json_delta", "partial_json": t} for t in _halves(json.dumps(block["input"]))]
+            deltas = [{"type": "input_json_delta", "partial_json": t}
+                      for t in _halves(raw if raw is not None else json.dumps(block["input"]))]
         elif kind == "thinking":
             first = {"type": "thinking", "thinking": "", "signature": ""}
             deltas = [{"type": "thinking_delta", "thinking": t} for t in _halves(block["thinking"])]
@@ -187,7 +202,8 @@ def _events(message: dict[str, Any], reply: dict[str, Any]) -> Iterable[tuple[st
         yield "content_block_stop", {"type": "content_block_stop", "index": index}
     yield "message_delta", {
         "type": "message_delta",
-        "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+        "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None,
+                  **({"stop_details": message["stop_details"]} if message.get("stop_details") else {})},
         "usage": usage,
     }
     yield "message_stop", {"type": "message_stop"}

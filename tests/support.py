@@ -62,6 +62,21 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def running(needle: str) -> list[int]:
+    """Pids of live processes whose command line holds `needle` (seen from outside any
+    sandbox's PID namespace, where the pids a command sees mean nothing)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if needle in cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                pid = int(cmdline.parent.name)
+                if alive(pid) and pid != os.getpid():
+                    found.append(pid)
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return found
+
+
 def group_alive(pgid: int) -> bool:
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:

@@ -402,3 +402,10 @@ def test_the_fake_server_runs_standalone_from_a_script_file(tmp_path, monkeypatc
         server.wait(timeout=10)
     lines = [json.loads(line) for line in record.read_text().splitlines()]
     assert len(lines) == 3 and lines[0]["body"]["messages"][0]["role"] == "user"
+
+
+def test_a_reply_served_under_a_name_with_no_price_is_priced_as_the_model_asked_for(api):
+    api.push({"text": "ok", "model": "gateway-alias-of-opus", "usage": {"input_tokens": 1_000_000}})
+    reply = AnthropicModel("claude-opus-5-5").complete(request())
+    assert reply.model == "gateway-alias-of-opus"
+    assert reply.usage.cost_usd == BUILTIN_PRICES["claude-opus-5-5"]["input"]

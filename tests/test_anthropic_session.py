@@ -495,6 +495,122 @@ def test_a_turn_limit_stops_the_phase_and_names_the_limit(tmp_path, idea, serve,
     assert phase_table((ws / "STATE.md").read_text())["planning"] == "FAILED"
 
 
+def test_a_budget_on_a_model_with_no_price_refuses_to_start_and_says_how_to_price_it(tmp_path, idea, serve, cli, monkeypatch):
+    from labrun.flows.session import research_session
+
+    api = serve(AutoResearcher())
+    ws = tmp_path / "ws"
+    # The idea's own budget ($5) is a budget: a Bedrock-style name has no price.
+    result = cli("run", str(idea), "--workspace", str(ws), "--agent", "anthropic", "--model", "anthropic.claude-x-v1:0")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    (line,) = [l for l in result.stderr.splitlines() if l.startswith("labrun:")]
+    assert "no price is known for model 'anthropic.claude-x-v1:0'" in line and "LABRUN_PRICES" in line
+    assert not api.requests and not ws.exists()  # nothing asked, nothing written
+
+    # A deployment run (no command line) refuses too, before any model call.
+    state = research_session(str(idea), str(ws), "anthropic", "anthropic.claude-x-v1:0", return_state=True)
+    assert state.is_failed() and "LABRUN_PRICES" in state.message and not api.requests
+
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("anthropic.claude-x-v1:0: {input: 4, output: 20, cache_write: 5, cache_read: 0.2}\n")
+    monkeypatch.setenv("LABRUN_PRICES", str(prices))
+    result = cli("resume", str(ws), "--max-turns", "1")
+    assert_one_line_stop(result, "limit of 1 turns", ws=ws)  # it ran, and its spending counts
+    assert session_status(ws)["usage"]["cost_usd"] > 0
+
+
+# -- stop reasons ---------------------------------------------------------------------------
+
+PAUSED = {"content": [{"type": "text", "text": "Reading about the question first."}], "stop_reason": "pause_turn"}
+PLAN = {"content": [{"type": "tool_use", "id": "toolu_plan", "name": "str_replace_based_edit_tool",
+                     "input": {"command": "create", "path": "planning.md",
+                               "file_text": "# Plan\n\nMonte Carlo over k = 1..64; fit the log-log slope.\n"}}]}
+CUT_CALL = {"content": [{"type": "text", "text": "Making the folders."},
+                        {"type": "tool_use", "id": "toolu_cut", "name": "bash",
+                         "partial_json": '{"command": "touch cut-call-ran", "restart": fa'}],
+            "stop_reason": "max_tokens"}
+FOLDERS = {"content": [{"type": "tool_use", "id": "toolu_dirs", "name": "bash",
+                        "input": {"command": "mkdir -p src results"}}]}
+REFUSAL = {"content": [{"type": "text", "text": "I will not"}], "stop_reason": "refusal",
+           "stop_details": {"type": "refusal", "category": "cyber",
+                            "explanation": "This request was declined because it could enable cyber harm."}}
+
+
+def request_of(api: FakeMessagesAPI, phase: str, turn: int) -> dict:
+    return next(r["body"] for r in api.requests if turn_of(r) == (phase, turn))
+
+
+def test_a_paused_turn_goes_on_and_a_call_cut_by_max_tokens_is_not_run(tmp_path, idea, serve, cli):
+    api = serve(AutoResearcher({("planning", 1): [PAUSED], ("planning", 2): [PLAN],
+                                ("setup", 1): [CUT_CALL], ("setup", 2): [FOLDERS]}))
+    ws = tmp_path / "ws"
+    result = cli("run", str(idea), "--workspace", str(ws), "--agent", "anthropic")
+    assert result.returncode == 0, result.stderr
+
+    # pause_turn: the paused reply is sent back as it is (it ends the request), no nudge.
+    resumed = request_of(api, "planning", 2)["messages"]
+    assert resumed[-1]["role"] == "assistant"
+    assert strip_cache_control(resumed[-1]["content"]) == PAUSED["content"]
+
+    # max_tokens: the cut call was not run; the model read why, and what to do.
+    assert not (ws / "cut-call-ran").exists()
+    (cut,) = replies(ws, "setup")[:1]
+    assert cut["stop_reason"] == "max_tokens" and cut["content"][1]["input"] == {"command": "touch cut-call-ran"}
+    answer = request_of(api, "setup", 2)["messages"][-1]["content"]
+    (told,) = [b for b in answer if b.get("type") == "tool_result"]
+    assert told["tool_use_id"] == "toolu_cut" and told["is_error"] and "Not run" in told["content"]
+    assert not [b for b in answer if b.get("type") == "text"]  # no nudge besides
+
+    report = status(ws)
+    assert report["session"]["complete"]
+    assert len(api.requests) == len(api.billed) == sum(TURNS.values()) + 2
+    assert_usage_is_what_was_billed(ws, api, report)
+
+
+def test_a_refusal_stops_the_phase_at_once_and_a_resume_sets_the_refused_reply_aside(tmp_path, idea, serve, cli):
+    api = serve(AutoResearcher({("experiments", 1): [REFUSAL]}))
+    ws = tmp_path / "ws"
+    result = cli("run", str(idea), "--workspace", str(ws), "--agent", "anthropic")
+    assert_one_line_stop(result, "refused to go on with phase experiments", "cyber", "--model", ws=ws)
+    assert [turn_of(r)[0] for r in api.requests].count("experiments") == 1  # not nudged, not paid again
+    assert phase_table((ws / "STATE.md").read_text())["experiments"] == "FAILED"
+
+    asked = len(api.requests)
+    result = cli("resume", str(ws))
+    assert result.returncode == 0, result.stderr
+    first = json.dumps(api.requests[asked]["body"]["messages"])
+    assert "I will not" not in first  # the refused turn is not sent again
+    report = status(ws)
+    assert report["session"]["complete"]
+    assert_usage_is_what_was_billed(ws, api, report)  # the refused reply was billed, and counts
+
+
+# -- the model is not the phase -------------------------------------------------------------
+
+
+def test_resume_with_another_model_and_settings_keeps_finished_phases_and_says_so(tmp_path, idea, serve, cli, monkeypatch):
+    api = serve(AutoResearcher())
+    ws = tmp_path / "ws"
+    result = cli("run", str(idea), "--workspace", str(ws), "--agent", "anthropic", "--max-turns", "2")
+    assert_one_line_stop(result, "implementation", "limit of 2 turns", ws=ws)  # planning and setup done
+    asked = len(api.requests)
+    assert {r["body"]["model"] for r in api.requests} == {"claude-opus-5-5"}
+
+    monkeypatch.setenv("LABRUN_CONTEXT_MANAGEMENT", "off")  # another agent setting too
+    result = cli("resume", str(ws), "--model", "claude-sonnet-5", "--max-turns", "10")
+    assert result.returncode == 0, result.stderr
+    later = api.requests[asked:]
+    assert {turn_of(r)[0] for r in later} == {"implementation", "experiments", "analysis", "documentation"}
+    assert {r["body"]["model"] for r in later} == {"claude-sonnet-5"}
+    assert not any("context_management" in r["body"] for r in later)
+    report = status(ws)
+    assert {p["key"]: p["runs"] for p in report["phases"]}["planning"] == 1
+    assert {p["key"]: p["runs"] for p in report["phases"]}["setup"] == 1
+    assert report["session"]["model"] == "claude-sonnet-5"
+    assert "model default → claude-sonnet-5 for the phases still to run" in (ws / "STATE.md").read_text()
+    assert_usage_is_what_was_billed(ws, api, report)
+
+
 def test_a_rerun_from_analysis_with_another_model_asks_nothing_of_the_earlier_phases(
         full_session, serve, cli, tmp_path):
     """`labrun rerun --from analysis --model M`: the requests are analysis's and

@@ -27,7 +27,7 @@ def session(tmp_path):
 def test_views_hold_state_md_attempts_progress_and_usage(session, monkeypatch):
     monkeypatch.setenv("LAB_SERVICE_TOKEN", "tok-123456789-secret")
     session.new_attempt("experiments", RunExperimentInput(
-        command="python3 run.py --token tok-123456789-secret", purpose="p"))
+        command="python3 run.py --token tok-123456789-secret", purpose="p"), {})
     session.update_attempt(1, status="FAILED", error="exit code 1", exit_code=1)
     session.store.set_phase("planning", "DONE", "phase 1 planning finished")
     views = artifacts.SessionArtifacts(session).views()

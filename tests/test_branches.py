@@ -205,7 +205,7 @@ def test_a_rerun_from_experiments_sees_the_failed_attempt_of_the_earlier_branch(
     worklog = parse_state_md((ws / "STATE.md").read_text())["Worklog"]
     assert "src/experiment.py" in worklog.split("taken as they stand for branch 2:")[1].splitlines()[0]
     assert ("run_experiment refused: attempt 1 (branch 1) already ran this command on these same "
-            "source files and failed") in worklog
+            "files and failed") in worklog
     assert report["attempts"][2]["fix_applied"]
     # The run list counts branch 2's own attempt: branch 1's were made in a phase it reran.
     assert [(r["id"], r["succeeded"], r["attempts"]) for r in report["plan"]["runs"]] == [("R1", [3], [3])]
@@ -213,6 +213,28 @@ def test_a_rerun_from_experiments_sees_the_failed_attempt_of_the_earlier_branch(
     # The archive holds the code as it stood when the rerun began; branch 2 fixed it again.
     assert BUG in (ws / ".labrun/branches/1/files/src/experiment.py").read_text()
     assert FIX in code.read_text()
+
+
+def test_an_environment_a_replaced_phase_created_is_archived_whole_and_leaves_the_workspace(ws):
+    # A snapshot holds a virtual environment as one entry, `env/` (labrun.snapshot).
+    env = ws / "env"
+    (env / "lib/python3.11/site-packages/pkg").mkdir(parents=True)
+    (env / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (env / "lib/python3.11/site-packages/pkg/__init__.py").write_text("VALUE = 1\n")
+    (env / "bin").mkdir()
+    (env / "bin/python").symlink_to("/usr/bin/python3")
+    manifest_file = ws / ".labrun/phases/experiments/manifest.json"
+    manifest = json.loads(manifest_file.read_text())
+    manifest["files"]["env/"] = "env:made-by-experiments"
+    manifest_file.write_text(json.dumps(manifest))
+    inode = os.stat(env / "pyvenv.cfg").st_ino
+
+    assert rerun_flow(ws, "experiments").is_completed()
+    kept = ws / ".labrun/branches/1/files/env"
+    assert os.stat(kept / "pyvenv.cfg").st_ino == inode  # linked, not copied
+    assert (kept / "lib/python3.11/site-packages/pkg/__init__.py").read_text() == "VALUE = 1\n"
+    assert os.readlink(kept / "bin/python") == "/usr/bin/python3"
+    assert not env.exists()
 
 
 def test_diff_of_two_branches_with_different_metrics(ws):

@@ -60,8 +60,10 @@ def reach(point: str, term: Terminal, ws: Path) -> None:
     wait_for(lambda: term.watch() is not None and marker.exists(), timeout=180,
              what=f"the session to reach its {point}")
     if point == "attempt":
-        wait_for(lambda: json.loads((ws / ".labrun/state.json").read_text())["attempts"][0]["pgid"],
-                 what="the attempt's process group")
+        # The attempt is recorded a moment after the reply that asks for it (the workspace's
+        # snapshot comes first).
+        wait_for(lambda: [a["pgid"] for a in json.loads((ws / ".labrun/state.json").read_text())["attempts"]
+                          if a["pgid"]], what="the attempt's process group")
         wait_for(lambda: any("sleep" in _cmd(p) for p in term.watch()), what="the attempt's command")
     term.watch()
 

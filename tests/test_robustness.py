@@ -136,9 +136,12 @@ def test_a_corrupted_journal_is_reported_and_the_record_kept(finished, tmp_path)
     assert f"{journal}:2: corrupted journal record" in result.stderr.replace("\n", "")
     assert "Traceback" not in result.stderr
     assert (ws / ".labrun/state.json").read_text() == state_before
-    (ws / ".labrun/state.json").write_text("{not json")
+    # state.json alone would be recovered from its previous copy (tests/test_cli_errors.py).
+    for damaged in (ws / ".labrun/state.json", ws / ".labrun/state.json.prev"):
+        damaged.write_text("{not json")
     broken = labrun("status", str(ws))
-    assert broken.returncode == 2 and "cannot read the session's files" in broken.stderr
+    assert broken.returncode == 2 and "state.json: it does not parse" in broken.stderr
+    assert "no readable previous copy" in broken.stderr
     assert "Traceback" not in broken.stderr
 
 

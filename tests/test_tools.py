@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from support import DEMO_IDEA, alive
+from support import DEMO_IDEA, running, wait_for
 from labrun import tools
 from labrun.session import Session
 from labrun.phases.phase import toolbox
@@ -58,12 +58,10 @@ def test_editor_create_view_replace_insert(session):
 def test_bash_timeout_kills_the_whole_process_group(session, monkeypatch):
     monkeypatch.setattr(tools, "BASH_TIMEOUT_S", 1)
     start = time.monotonic()
-    result = box(session).call("bash", {"command": "sleep 300 & echo $! > child.pid; sleep 300"})
+    result = box(session).call("bash", {"command": "sleep 300.0417 & sleep 300.0418"})
     assert time.monotonic() - start < 10
     assert "timeout" in result.content
-    child = int((session.ws.root / "child.pid").read_text())
-    time.sleep(0.2)
-    assert not alive(child)
+    wait_for(lambda: not running("sleep 300.041"), timeout=5, what="the command's processes to die")
 
 
 def test_bash_output_is_cut_from_the_middle_and_secrets_never_shown(session, monkeypatch):
@@ -134,3 +132,45 @@ def test_an_attempt_that_floods_its_output_is_stopped_with_a_clear_error(session
     result = box(session).call("run_experiment", {"command": "yes flood", "purpose": "flood"})
     assert "Attempt 1: FAILED" in result.content
     assert "wrote more than 200000 bytes of output" in result.content
+
+
+RUN = ("import json, pathlib\n"
+       "cfg = json.loads(pathlib.Path('config.json').read_text())\n"
+       "pathlib.Path('generated.py').write_text('x = 1\\n')  # the run writes sources of its own\n"
+       "pathlib.Path('notes.txt').write_text('ran\\n')\n"
+       "pathlib.Path('out').mkdir(exist_ok=True)\n"
+       "pathlib.Path('out/m.json').write_text('{}')\n"
+       "raise SystemExit(0 if cfg['lr'] < 1 else 2)\n")
+
+
+def test_a_failed_command_is_refused_while_only_its_own_writes_changed(session, prefect_api):
+    """What the failed run wrote itself (.py and .txt files included), its declared outputs
+    and its logs are no change; the same command is refused."""
+    b, root = box(session), session.ws.root
+    (root / "run.py").write_text(RUN)
+    (root / "config.json").write_text('{"lr": 5}')
+    run = {"command": "python3 run.py", "purpose": "lr", "outputs": ["out/m.json"]}
+    assert "Attempt 1: FAILED" in b.call("run_experiment", run).content
+    assert (root / "generated.py").is_file() and (root / "notes.txt").is_file()
+    again = b.call("run_experiment", {**run, "fix_applied": "tried again"})
+    assert again.is_error and "Refused, not run" in again.content and "attempt 1" in again.content
+    (root / "out/m.json").unlink()  # a declared output, gone: still no change
+    (root / "notes.txt").write_text("edited\n")  # the run's own file: no change either
+    assert "Refused, not run" in b.call("run_experiment", {**run, "fix_applied": "again"}).content
+    assert len(session.state.attempts) == 1
+
+
+@pytest.mark.parametrize("changed", ["config.json", "data/train.csv", "NOTES.md", "weights.bin"])
+def test_any_other_changed_file_allows_the_same_command_again(session, prefect_api, changed):
+    b, root = box(session), session.ws.root
+    (root / "run.py").write_text(RUN)
+    (root / "config.json").write_text('{"lr": 5}')
+    (root / "data").mkdir()
+    for name in ("data/train.csv", "NOTES.md", "weights.bin"):
+        (root / name).write_text("v1\n")
+    run = {"command": "python3 run.py", "purpose": "lr"}
+    assert "Attempt 1: FAILED" in b.call("run_experiment", run).content
+    (root / changed).write_text('{"lr": 0.1}' if changed == "config.json" else "v2\n")
+    retry = b.call("run_experiment", {**run, "fix_applied": f"changed {changed}"})
+    assert not retry.is_error and "Attempt 2:" in retry.content
+    assert ("Attempt 2: SUCCESS" in retry.content) == (changed == "config.json")

@@ -55,6 +55,16 @@ class ModelAgent:
         run_turns(self.model, toolbox, convo, system, max_turns, budget)
 
 
+def require_priced(agent: str | None, model: str | None, budget_usd: float | None) -> None:
+    """With a budget set, refuse an agent whose costs labrun cannot count (`PriceUnknown`)."""
+    if budget_usd is None or agent != "anthropic":
+        return  # the scripted agent costs nothing; Claude Code reports its own cost
+    from labrun.agents.anthropic import model_name
+    from labrun.prices import require_price
+
+    require_price(model_name(model))
+
+
 def _model_agent(model: Model) -> ModelAgent:
     """In a deployment's run every model call takes a slot of the model API's limit."""
     from labrun.model_api_limit import LimitedModel, limited

@@ -18,8 +18,9 @@ from typing import Any, Mapping
 import anthropic
 import httpx2
 
+from labrun.crashpoints import crashpoint
 from labrun.model import FatalModelError, ModelError, ModelReply, ModelRequest, TransientModelError
-from labrun.prices import cost_usd, load_prices
+from labrun.prices import cost_usd, load_prices, price_for
 from labrun.secrets import redact
 from labrun.usage import Usage
 
@@ -69,6 +70,11 @@ _CONTEXT_OVERFLOW = re.compile(
 )
 
 
+def model_name(model: str | None = None) -> str:
+    """The model a session asks for: `--model`, else LABRUN_MODEL, else the default."""
+    return model or os.environ.get("LABRUN_MODEL") or DEFAULT_MODEL
+
+
 def check_credentials(environ: Mapping[str, str] | None = None) -> None:
     """Fail at once, in one line, when the SDK would find no credentials."""
     env = os.environ if environ is None else environ
@@ -94,7 +100,7 @@ class AnthropicModel:
             load_prices()  # a broken LABRUN_PRICES file fails here, not after a paid call
         except ValueError as err:
             raise FatalModelError(str(err)) from None
-        self.name = model or os.environ.get("LABRUN_MODEL") or DEFAULT_MODEL
+        self.name = model_name(model)
         self.context_management = _context_management_setting(context_management)
         self.settings: dict[str, Any] = {"model": self.name, "context_management": self.context_management}
         self._timeout = timeout
@@ -127,6 +133,7 @@ class AnthropicModel:
             else:
                 stream = self.client.messages.stream(**params)
             with stream as events:  # always stream: non-streaming calls refuse large max_tokens
+                crashpoint("model-call")  # the request is out and its reply is coming
                 message = events.get_final_message()
         except anthropic.APIError as err:
             raise model_error(err, self.name) from None
@@ -136,10 +143,14 @@ class AnthropicModel:
         if message.stop_reason is None:
             raise TransientModelError("The Anthropic API's reply stream ended before the reply was complete.")
         served_by = message.model or self.name
+        # A gateway may serve under a name of its own: priced as the model asked for, whose
+        # price a budgeted session was checked to have (labrun.agents.require_priced).
+        priced_as = served_by if price_for(served_by) else self.name
         return ModelReply(
             content=[block.to_dict(mode="json", exclude_none=True) for block in message.content],
             stop_reason=message.stop_reason,
-            usage=usage_of(message.usage, served_by),
+            stop_details=message.stop_details.to_dict() if message.stop_details else None,
+            usage=usage_of(message.usage, priced_as),
             model=served_by,
         )
 

@@ -145,6 +145,8 @@ def parser() -> argparse.ArgumentParser:
 
     resume = command("resume", "continue a session; finished phases are skipped", running.cmd_resume)
     resume.add_argument("workspace", help="the session's folder")
+    resume.add_argument("--model", default=None,
+                        help="the model of the phases still to run (default: the session's)")
     _limits(resume)
     _verbose(resume)
 
@@ -220,6 +222,9 @@ def _limits(p: argparse.ArgumentParser) -> None:
                         "constraints.agent_budget, else none; constraints.budget is the experiments')")
     p.add_argument("--max-turns", type=int, default=None,
                    help="turn limit of every phase (default: each phase's own, 30 to 60)")
+    p.add_argument("--no-network", dest="network", action="store_const", const=False, default=None,
+                   help="run the agent's commands without network (default: as the session and "
+                   "the idea's constraints.network say)")
 
 
 def _verbose(p: argparse.ArgumentParser) -> None:

@@ -38,7 +38,7 @@ def cmd_rerun(args) -> int:
         raise CliError(str(e)) from None
     ws.unlock()
     return run_session(Run(None, args.workspace, args.agent, args.model, args.budget_usd, args.max_turns,
-                           args.verbose, from_phase=args.from_phase, note=args.note))
+                           args.verbose, from_phase=args.from_phase, note=args.note, network=args.network))
 
 
 def cmd_branches(args) -> int:

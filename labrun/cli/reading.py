@@ -80,6 +80,10 @@ def print_status(report: dict) -> None:
         tokens = sum(u[k] for k in u if k.endswith("tokens"))
         phases.add_row(str(i), p["key"], p["status"], str(p["runs"]), f"{tokens:,}", f"${u['cost_usd']:.4f}")
     console.print(phases)
+    for p in report["phases"]:
+        if p.get("older_prompt"):
+            console.print(f"phase {p['key']}: finished with an older prompt (its templates were reworded "
+                          "since; it stays finished)")
     if report["attempts"]:
         attempts = Table("attempt", "phase", "run", "status", "command", "error / fix")
         for a in report["attempts"]:

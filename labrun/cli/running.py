@@ -41,6 +41,8 @@ class Run:
     from_phase: str | None = None
     """`labrun rerun`: the phase a new branch starts at."""
     note: str | None = None
+    network: bool | None = None
+    """False: the agent's commands run without network from now on (`--no-network`)."""
 
 
 def cmd_run(args) -> int:
@@ -72,7 +74,7 @@ def cmd_run(args) -> int:
     with_phases = tuple(phase_options(args.with_phases, args.paper_style, idea.with_phases))
     return run_session(Run(args.idea, args.workspace, agent, args.model, args.budget_usd, args.max_turns,
                            args.verbose, with_phases, args.paper_style,
-                           f"labrun run {args.idea} --workspace {args.workspace}"))
+                           f"labrun run {args.idea} --workspace {args.workspace}", network=args.network))
 
 
 def cmd_resume(args) -> int:
@@ -83,8 +85,8 @@ def cmd_resume(args) -> int:
     if _nothing_to_do(root, args):
         console.print(f"{args.workspace}: the session is already complete and its outputs are intact; nothing to do.")
         return 0
-    return run_session(Run(None, args.workspace, budget_usd=args.budget_usd, max_turns=args.max_turns,
-                           verbose=args.verbose))
+    return run_session(Run(None, args.workspace, model=args.model, budget_usd=args.budget_usd,
+                           max_turns=args.max_turns, verbose=args.verbose, network=args.network))
 
 
 def cmd_demo(args) -> int:
@@ -143,16 +145,23 @@ def _nothing_to_do(root: Path, args) -> bool:
 
 
 def _check_agent(run: Run) -> None:
-    """The agent's credentials and executable, before any server starts."""
+    """The agent's credentials and executable, and a price for a budgeted model, before any
+    server starts."""
     from labrun.agents import AgentUnavailable
 
     stored = _stored_state(Path(run.workspace))
     effective = run.agent or (stored.agent if stored else None)
     if effective == "anthropic":
+        from labrun.agents import require_priced
         from labrun.agents.anthropic import check_credentials
+        from labrun.idea import load_idea
 
+        budget = run.budget_usd
+        if budget is None:  # the session's, else the idea's (as Session.open decides)
+            budget = stored.budget_usd if stored else load_idea(run.idea_path).agent_budget_usd
         try:
             check_credentials()
+            require_priced(effective, run.model or (stored.model if stored else None), budget)
         except Exception as e:
             raise CliError(str(e)) from None
     if effective == "claude-code":
@@ -213,7 +222,7 @@ def _run_flow(run: Run, api) -> int:
     api.wait()
     try:
         research_session(run.idea_path, str(Path(run.workspace).resolve()), run.agent, run.model,
-                         run.budget_usd, run.max_turns, list(run.with_phases), run.paper_style,
+                         run.budget_usd, run.max_turns, list(run.with_phases), run.paper_style, run.network,
                          from_phase=run.from_phase, note=run.note)
     except (WorkspaceBusy, AgentUnavailable, SessionMismatch, BranchError) as e:
         raise CliError(str(e)) from None

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
+from labrun.crashpoints import crashpoint
 from labrun.model import ModelReply, ModelRequest, TransientModelError
 from labrun.usage import Usage
 
@@ -63,11 +64,12 @@ def _call(name: str, **inp: Any) -> tuple[str, dict]:
 
 
 def _last_result(messages: list[dict]) -> str:
-    """The text of the newest tool result the agent has seen."""
+    """The text of the newest tool result the agent has seen (a call that an interruption
+    cut off has none: it is skipped)."""
     for m in reversed(messages):
         if m["role"] == "user" and isinstance(m["content"], list):
             for b in reversed(m["content"]):
-                if b.get("type") == "tool_result":
+                if b.get("type") == "tool_result" and not b.get("is_error"):
                     return b["content"] if isinstance(b["content"], str) else json.dumps(b["content"])
     return ""
 
@@ -368,11 +370,15 @@ class ScriptedModel:
         calls = steps[min(_step(request.messages), len(steps) - 1)](request)
         content: list[dict] = [{"type": "text", "text": f"[scripted agent] {phase}, step {turn}."}]
         for i, (name, inp) in enumerate(calls):
-            if self._fault_for(phase, turn) == "hang-attempt" and name == "run_experiment":
-                inp = {**inp, "command": f"mkdir -p .labrun/faults && touch .labrun/faults/{phase}-{turn}.reached && sleep 600 && {inp['command']}"}
+            if self._fault_for(phase, turn) == "hang-attempt" and name == "run_experiment" and self.faults_dir:
+                # The engine marks the fault reached (the command cannot write .labrun/).
+                self.faults_dir.mkdir(parents=True, exist_ok=True)
+                (self.faults_dir / f"{phase}-{turn}.reached").touch()
+                inp = {**inp, "command": f"sleep 600 && {inp['command']}"}
             content.append({"type": "tool_use", "id": f"toolu_{phase}_{turn}_{i}", "name": name, "input": inp})
         prompt_chars = len(request.system) + len(json.dumps(request.messages))
         usage = Usage(input_tokens=prompt_chars // 4, output_tokens=len(json.dumps(content)) // 4)
+        crashpoint("model-call")  # inside the call, before the stand-in provider bills it
         self._bill(phase, turn, usage)
         return ModelReply(content=content, stop_reason="tool_use", model="scripted", usage=usage)
 

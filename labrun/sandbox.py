@@ -1,0 +1,78 @@
+"""The sandbox of agent commands: bubblewrap (`bwrap`, the Linux sandbox of Flatpak and of
+Claude Code's own sandboxing), when it is installed and works here.
+
+A command inside it sees:
+- a PID namespace of its own, so the engine's /proc (and its environment, API keys
+  included) is out of sight;
+- only the scrubbed environment: bwrap itself is started from it, since its first process
+  keeps the environment it was started with;
+- no capabilities (as root, bwrap would otherwise keep them, and a remount would undo the
+  read-only binds);
+- the workspace read-write, its `.labrun/` read-only, the rest of the file system read-only;
+- a private /tmp (a folder of the session's, so that it lasts from one command to the next)
+  and a private /dev (with the GPUs);
+- the network, unless the session turned it off;
+and it dies with the engine (`--die-with-parent`).
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import shutil
+import subprocess
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+log = logging.getLogger("labrun")
+
+HOW_TO_INSTALL = "install bubblewrap (Debian and Ubuntu: `apt-get install bubblewrap`; Fedora: `dnf install bubblewrap`)"
+GPU_DEVICES = ("/dev/nvidia*", "/dev/dri", "/dev/kfd")
+_BASE = ("--unshare-pid", "--die-with-parent", "--cap-drop", "ALL", "--ro-bind", "/", "/", "--dev", "/dev")
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    workspace: Path
+    tmp: Path
+    """Bound as /tmp."""
+    readonly: tuple[Path, ...] = ()
+    """Folders inside the workspace that commands may read but not change."""
+    network: bool = True
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        """`argv` run inside the sandbox; `argv` itself where bubblewrap is unavailable."""
+        bwrap = bubblewrap()
+        if bwrap is None:
+            return argv
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        args = [bwrap, *_BASE]
+        for device in sorted(d for pattern in GPU_DEVICES for d in glob.glob(pattern)):
+            args += ["--dev-bind", device, device]
+        # /tmp before the workspace, which may lie under /tmp itself.
+        args += ["--proc", "/proc", "--bind", str(self.tmp), "/tmp",
+                 "--bind", str(self.workspace), str(self.workspace)]
+        for path in self.readonly:
+            path.mkdir(parents=True, exist_ok=True)
+            args += ["--ro-bind", str(path), str(path)]
+        if not self.network:
+            args.append("--unshare-net")
+        return [*args, "--chdir", str(self.workspace), "--", *argv]
+
+
+@lru_cache(maxsize=1)
+def bubblewrap() -> str | None:
+    """The path of a working `bwrap`, or None; says once, when there is none, that agent
+    commands run unsandboxed and how to change that."""
+    path = shutil.which("bwrap")
+    if path is None:
+        log.warning("agent commands run unsandboxed: bubblewrap (bwrap) is not installed; %s", HOW_TO_INSTALL)
+        return None
+    probe = subprocess.run([path, *_BASE, "--proc", "/proc", "true"], env={}, capture_output=True, text=True)
+    if probe.returncode != 0:
+        why = (probe.stderr.strip().splitlines() or [f"exit code {probe.returncode}"])[-1]
+        log.warning("agent commands run unsandboxed: bubblewrap cannot make a sandbox here (%s); "
+                    "it needs root or unprivileged user namespaces", why)
+        return None
+    return path

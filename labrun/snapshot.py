@@ -1,0 +1,153 @@
+"""What the agent's workspace holds, cheap enough to take at every attempt and phase: one
+digest per file, `rel path → digest`.
+
+- A file's sha256 is reused while its size, mtime and inode are unchanged (a cache in
+  `.labrun/digests.json`), so only new and changed files are read.
+- A file above `LABRUN_HASH_MAX_MB` (64) is never read: its digest is its size and mtime.
+- Virtual environments and caches are found by their marker files (`pyvenv.cfg`,
+  `conda-meta/`, `CACHEDIR.TAG`), not only by their names. A cache is left out; an
+  environment is one entry, `env/`, whose digest changes when packages are installed or
+  removed (the mtimes of its package folders), so a `pip install` still counts as a change.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+from labrun.workspace import write_json
+
+BIG_FILE_BYTES = int(float(os.environ.get("LABRUN_HASH_MAX_MB", "64")) * 2**20)
+SKIPPED_NAMES = {".labrun", ".git", ".hg", ".svn", "__pycache__", ".ipynb_checkpoints", ".pytest_cache",
+                 ".mypy_cache", ".ruff_cache", ".tox", ".nox"}
+ENVIRONMENT_NAMES = {".venv", "venv", "node_modules"}
+ENVIRONMENT_MARKERS = {"pyvenv.cfg", "conda-meta"}
+CACHE_MARKER = "CACHEDIR.TAG"  # https://bford.info/cachedir/
+PACKAGE_FOLDERS = ("lib/python*/site-packages", "Lib/site-packages", "conda-meta")
+SETTLED_NS = 2 * 10**9
+"""A digest is cached only for a file unchanged this long: a write within the same mtime
+tick as the hashing could otherwise go unseen."""
+
+_caches: dict[Path, "DigestCache"] = {}
+
+
+def workspace_files(root: Path) -> dict[str, str]:
+    """A digest for every file the agent's work consists of (engine data, STATE.md, caches
+    aside; an environment as one `dir/` entry)."""
+    root = Path(root).resolve()
+    cache = _cache_for(root)
+    found: dict[str, str] = {}
+    cache.start()
+    _walk(root, "", found, cache)
+    found.pop("STATE.md", None)
+    cache.finish()
+    return found
+
+
+def entry_digest(root: Path, rel: str) -> str | None:
+    """The digest `workspace_files` gives `rel` now, None if it is gone."""
+    path = Path(root) / rel
+    if rel.endswith("/"):
+        return environment_digest(path) if path.is_dir() else None
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return _cache_for(Path(root).resolve()).digest(rel, str(path), st) if path.is_file() else None
+
+
+def changed(before: dict[str, str], after: dict[str, str]) -> set[str]:
+    """Entries added, removed or changed between two snapshots."""
+    return {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+
+
+def _cache_for(root: Path) -> "DigestCache":
+    if root not in _caches:
+        _caches[root] = DigestCache(root / ".labrun" / "digests.json")
+    return _caches[root]
+
+
+def _walk(path: str | Path, rel: str, found: dict[str, str], cache: "DigestCache") -> None:
+    try:
+        entries = list(os.scandir(path))
+    except OSError:  # gone meanwhile, or unreadable: not part of the work
+        return
+    if rel:  # a folder's markers say what it is, whatever its name
+        names = {e.name for e in entries}
+        if CACHE_MARKER in names:
+            return
+        if names & ENVIRONMENT_MARKERS:
+            found[rel] = environment_digest(Path(path))
+            return
+    for entry in entries:
+        name = rel + entry.name
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                if entry.name in ENVIRONMENT_NAMES:
+                    found[name + "/"] = environment_digest(Path(entry.path))
+                elif entry.name not in SKIPPED_NAMES:
+                    _walk(entry.path, name + "/", found, cache)
+            elif entry.is_file(follow_symlinks=False):
+                found[name] = cache.digest(name, entry.path, entry.stat(follow_symlinks=False))
+        except OSError:
+            continue
+
+
+def environment_digest(path: Path) -> str:
+    """Changes when packages come or go: the mtimes of the environment's package folders."""
+    stamps = [str(path.stat().st_mtime_ns)]
+    for pattern in PACKAGE_FOLDERS:
+        stamps += [f"{p}:{os.stat(p).st_mtime_ns}" for p in sorted(glob.glob(str(path / pattern)))]
+    return "env:" + hashlib.sha256("\n".join(stamps).encode()).hexdigest()[:16]
+
+
+def file_digest(path: str, st: os.stat_result) -> str:
+    if st.st_size > BIG_FILE_BYTES:
+        return f"stat:{st.st_size}:{st.st_mtime_ns}"
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class DigestCache:
+    """`rel → [size, mtime_ns, inode, digest]`, kept in memory and saved when it changed."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            self.entries: dict[str, list] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            self.entries = {}
+        self.seen: dict[str, list] = {}
+        self.dirty = False
+
+    def start(self) -> None:
+        self.seen, self.dirty = {}, False
+
+    def digest(self, rel: str, path: str, st: os.stat_result) -> str:
+        key = [st.st_size, st.st_mtime_ns, st.st_ino]
+        known = self.entries.get(rel)
+        if known is not None and known[:3] == key:
+            self.seen[rel] = known
+            return known[3]
+        digest = file_digest(path, st)
+        if time.time_ns() - st.st_mtime_ns > SETTLED_NS:
+            self.seen[rel] = [*key, digest]
+            self.entries[rel] = self.seen[rel]
+            self.dirty = True
+        return digest
+
+    def finish(self) -> None:
+        """After a whole walk: forget files that are gone, and save."""
+        if self.dirty or len(self.seen) != len(self.entries):
+            self.entries = self.seen
+            try:
+                write_json(self.path, self.entries)
+            except OSError:
+                pass  # a cache: a full disk or a read-only workspace only costs time

@@ -1,0 +1,118 @@
+"""Cheap engines to kill: one process imports labrun and Prefect once, then forks a fresh
+`labrun` process for every run a test asks for.
+
+Each run is the real command line (`labrun.cli.main`) in a child process of its own, with
+the environment the test gives it, killed for real when it reaches its crash point
+(LABRUN_CRASH_AT); only the interpreter start and the imports, seconds on a small machine,
+are paid once instead of per run. The forker holds no thread and no connection when it forks.
+
+    with EngineForker() as forker:
+        result = forker.run(["run", idea, "--workspace", ws], env={"LABRUN_CRASH_AT": "attempt:1"})
+        result.returncode  # -9 when killed
+
+Protocol (stdin/stdout, one JSON object a line): {"args", "env", "out", "err"} in,
+{"returncode"} out; `out` and `err` are files for the child's stdout and stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+
+class EngineForker:
+    def __init__(self, env: dict[str, str] | None = None, inherit: bool = True):
+        """`env`: the forker's environment, over this process's own unless `inherit` is False."""
+        self.env = {**(os.environ if inherit else {}), **(env or {})}
+        self.proc: subprocess.Popen | None = None
+        self.tmp = Path(tempfile.mkdtemp(prefix="labrun-forker-"))
+        self.runs = 0
+
+    def __enter__(self) -> "EngineForker":
+        self.proc = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, env=self.env)
+        ready = self.proc.stdout.readline()
+        assert ready.strip() == "ready", f"the engine forker did not start: {ready!r}"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+
+    def run(self, args: list[str], env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+        self.runs += 1
+        out, err = self.tmp / f"{self.runs}.out", self.tmp / f"{self.runs}.err"
+        self.proc.stdin.write(json.dumps({"args": args, "env": env or {}, "out": str(out), "err": str(err)}) + "\n")
+        self.proc.stdin.flush()
+        answer: list[str] = []
+        reader = threading.Thread(target=lambda: answer.append(self.proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout)
+        assert answer and answer[0], f"labrun {' '.join(args)} did not end within {timeout} s"
+        code = json.loads(answer[0])["returncode"]
+        return subprocess.CompletedProcess(["labrun", *args], code, out.read_text(), err.read_text())
+
+
+def _serve() -> None:
+    import labrun.agents.anthropic  # noqa: F401  (everything a run imports, once)
+    import labrun.agents.scripted  # noqa: F401
+    import labrun.cli
+    import labrun.cli.running  # noqa: F401
+    import labrun.flows.session  # noqa: F401
+    import labrun.phases.phase  # noqa: F401
+
+    assert threading.active_count() == 1, "a thread before fork(): the children would inherit its locks"
+    print("ready", flush=True)
+    for line in sys.stdin:
+        job = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            _child(job, labrun.cli.main)
+        _, status = os.waitpid(pid, 0)
+        code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        print(json.dumps({"returncode": code}), flush=True)
+
+
+def _child(job: dict, main) -> None:
+    """In the forked child: become `labrun <args>` with the job's environment, then exit."""
+    import atexit
+
+    from labrun import crashpoints
+
+    code = 1
+    try:
+        os.environ.update(job["env"])
+        crashpoints.arm()
+        out = os.open(job["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        err = os.open(job["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # the jobs stay the forker's
+        sys.stdin = open(os.devnull)
+        sys.stdout.reconfigure(line_buffering=True)  # a kill -9 keeps what was printed
+        sys.stderr.reconfigure(line_buffering=True)
+        code = main(job["args"])
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            atexit._run_exitfuncs()  # what an interpreter's exit does: Prefect drains its workers
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parent))
+    _serve()

@@ -1,0 +1,162 @@
+"""Agent commands run in bubblewrap: they cannot see the engine's environment, cannot write
+outside the workspace, get the network only when the session allows it, and where
+bubblewrap is missing the user is told once."""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import shutil
+import socket
+import threading
+import uuid
+
+import pytest
+import yaml
+
+from support import DEMO_IDEA
+from labrun import sandbox
+from labrun.session import Session
+from labrun.phases import BY_KEY
+from labrun.phases.phase import toolbox
+
+needs_bwrap = pytest.mark.skipif(
+    sandbox.bubblewrap() is None,
+    reason="bubblewrap is not installed or cannot sandbox here: run .ci/install-bubblewrap (apt-get install bubblewrap)")
+
+
+def open_session(tmp_path, idea=DEMO_IDEA, **settings) -> Session:
+    return Session.open(tmp_path / "ws", idea, "scripted", **settings)
+
+
+@pytest.fixture
+def session(tmp_path):
+    s = open_session(tmp_path)
+    yield s
+    s.close()
+
+
+def bash(session: Session, command: str) -> str:
+    return toolbox(session, BY_KEY["experiments"]).call("bash", {"command": command}).content
+
+
+@needs_bwrap
+def test_a_command_cannot_read_the_engines_environment_even_encoded(session, monkeypatch):
+    key = "sk-ant-api03-" + uuid.uuid4().hex + uuid.uuid4().hex
+    plain = "p4ss-" + uuid.uuid4().hex  # no shape: only the environment says it is a secret
+    monkeypatch.setenv("ANTHROPIC_API_KEY", key)
+    monkeypatch.setenv("DB_PASSWORD", plain)
+    out = bash(session, "for f in /proc/$PPID/environ /proc/1/environ /proc/[0-9]*/environ; do "
+                        "echo B64 $(base64 -w0 $f); echo REV $(tr '\\0' '\\n' < $f | rev | tr '\\n' ' '); done; "
+                        "env | base64 -w0; echo; ls /proc | grep -c '^[0-9]'")
+    decoded = [base64.b64decode(line.split()[1] + "==").decode(errors="replace")
+               for line in out.splitlines() if line.startswith("B64 ") and len(line.split()) > 1]
+    decoded += [base64.b64decode(line + "==").decode(errors="replace")
+                for line in out.splitlines() if line and " " not in line and len(line) > 40]
+    reversed_lines = [line[4:][::-1] for line in out.splitlines() if line.startswith("REV ")]
+    assert decoded, out  # it did read the environments it can see
+    for secret in (key, plain):
+        for seen in [out, *decoded, *reversed_lines]:
+            assert secret not in seen
+    processes = int(out.splitlines()[-1])
+    assert processes < 10, "the command sees processes beyond its own sandbox"
+
+
+@needs_bwrap
+def test_a_command_cannot_write_outside_the_workspace(session, tmp_path):
+    root = session.ws.root
+    name = f"labrun-sandbox-test-{uuid.uuid4().hex}"
+    home_file, beside = os.path.join(os.path.expanduser("~"), name), tmp_path / name
+    state_before = session.ws.state_file.read_bytes()
+    try:
+        out = bash(session, f"touch {home_file}; touch {beside}; echo x > .labrun/state.json; "
+                            "mount -o remount,rw / && touch /remounted; "
+                            "touch made-here.txt && echo wrote-workspace; "
+                            "echo kept > /tmp/notes.txt && echo wrote-tmp")
+        assert not os.path.exists(home_file) and not beside.exists(), out
+        assert not os.path.exists("/remounted")
+        assert session.ws.state_file.read_bytes() == state_before
+        assert "wrote-workspace" in out and (root / "made-here.txt").is_file()
+        # A private /tmp, the same from one command to the next, not the machine's.
+        assert "wrote-tmp" in out and not os.path.exists("/tmp/notes.txt")
+        assert "kept" in bash(session, "cat /tmp/notes.txt")
+    finally:
+        for path in (home_file, str(beside), "/remounted"):
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+@pytest.fixture
+def listener():
+    """A TCP server on the machine's loopback: reachable only with the network on."""
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve():
+        server.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+                conn.sendall(b"hello from outside\n")
+                conn.close()
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join()
+    server.close()
+
+
+def connect(port: int) -> str:
+    return (f"python3 -c \"import socket; s = socket.create_connection(('127.0.0.1', {port}), timeout=5); "
+            "print(s.recv(100).decode().strip())\" 2>&1 | tail -1")
+
+
+@needs_bwrap
+def test_the_network_is_on_by_default_and_off_when_asked(tmp_path, listener):
+    s = open_session(tmp_path)
+    try:
+        assert "hello from outside" in bash(s, connect(listener))
+    finally:
+        s.close()
+    resumed = Session.open(tmp_path / "ws", network=False)  # labrun resume --no-network
+    try:
+        out = bash(resumed, connect(listener))
+        assert "hello from outside" not in out and ("refused" in out or "unreachable" in out), out
+        assert "without network" in (tmp_path / "ws" / "STATE.md").read_text()  # the Worklog says so
+    finally:
+        resumed.close()
+
+
+@needs_bwrap
+def test_an_idea_can_turn_the_network_off(tmp_path, listener):
+    idea = yaml.safe_load(DEMO_IDEA.read_text())
+    idea["idea"]["constraints"]["network"] = False
+    path = tmp_path / "offline.yaml"
+    path.write_text(yaml.safe_dump(idea))
+    s = open_session(tmp_path, path)
+    try:
+        assert "hello from outside" not in bash(s, connect(listener))
+    finally:
+        s.close()
+
+
+def test_without_bubblewrap_commands_run_and_the_user_is_told_once(session, tmp_path, monkeypatch, caplog):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    os.symlink(shutil.which("bash"), bin_dir / "bash")
+    monkeypatch.setenv("PATH", str(bin_dir))
+    sandbox.bubblewrap.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="labrun"):
+            first = bash(session, "echo one")
+            second = bash(session, "echo two")
+    finally:
+        sandbox.bubblewrap.cache_clear()
+    assert "one" in first and "two" in second
+    warnings = [r.getMessage() for r in caplog.records if "unsandboxed" in r.getMessage()]
+    assert len(warnings) == 1 and "apt-get install bubblewrap" in warnings[0]
