@@ -62,8 +62,12 @@ class ClaudeResearcher:
         self._lock = threading.Lock()
 
     def steps(self, phase: str) -> list[tuple[str, dict[str, Any]]]:
-        def done(summary: str, **sections: str) -> tuple[str, dict[str, Any]]:
-            return MCP + "complete_phase", {"summary": summary, "sections": sections}
+        def done(summary: str, parts: dict[str, Any] | None = None, **sections: str) -> tuple[str, dict[str, Any]]:
+            return MCP + "complete_phase", {"summary": summary, "sections": sections, **(parts or {})}
+
+        plan = {"run_list": [{"id": "R1", "purpose": "RMSE per k and the log-log slope", "conditions": "sigma 0.5, "
+                              "k = 1..64, 400 trials per k", "seeds": [0], "criteria": []}],
+                "analysis_outputs": ["results/metrics.json"]}
 
         command = "python3 src/experiment.py"
         if self.slow_experiment_s:  # only the first attempt is slow
@@ -73,7 +77,7 @@ class ClaudeResearcher:
             "planning": [
                 ("Write", {"file_path": "planning.md", "content": "# Plan\n\nMeasure the RMSE of the mean of k "
                            "noisy measurements for k = 1..64 and fit the log-log slope; expect -0.5.\n"}),
-                done("Planned the study.", research_specification="Does the RMSE of the mean of k noisy "
+                done("Planned the study.", plan, research_specification="Does the RMSE of the mean of k noisy "
                      "measurements fall as 1/sqrt(k)? Fit the log-log slope; expect -0.5 within 0.05."),
             ],
             "setup": [
@@ -88,7 +92,7 @@ class ClaudeResearcher:
                      "least-squares slope of log RMSE on log k."),
             ],
             "experiments": [
-                (MCP + "run_experiment", {"command": command, "purpose": "measure the log-log slope",
+                (MCP + "run_experiment", {"command": command, "purpose": "measure the log-log slope", "run_id": "R1",
                                           "outputs": ["results/metrics.json"],
                                           "metrics_file": "results/metrics.json"}),
                 done("Ran the experiment.", experiment_results="See results/metrics.json (slope near -0.5)."),

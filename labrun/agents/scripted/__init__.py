@@ -214,6 +214,12 @@ def _judged(system: str) -> list[tuple[str, str, str]]:
     return re.findall(r"^- (C\d+: .+?) — \*\*(met|unmet)\*\*: (.+)$", system, flags=re.M)
 
 
+def _code_references(system: str) -> list[str]:
+    """The repositories the setup prompt asks to clone (`code_references.md.j2`'s list)."""
+    listed = system.partition("The idea names code to build on.")[2].partition("\n## ")[0]
+    return re.findall(r"^- `([^`]+)`", listed, flags=re.M)
+
+
 def _title(system: str) -> str:
     """The idea's title, from the prompt's `**Title:** ...` line (the markup in any form)."""
     found = re.search(r"^\s*(?:\*\*)?Title(?::\*\*|\*\*:|:)\s*(.+)$", system, flags=re.M | re.I)
@@ -255,7 +261,9 @@ SCRIPT: dict[str, list[Step]] = {
         lambda r: [_call("bash", command="python3 --version && mkdir -p src results && ls")],
         lambda r: [_call("complete_phase", summary="Standard-library Python only; folders made.", sections={
             "files_and_resources": "- `planning.md`: the plan\n- `src/`: code\n- `results/`: outputs\n"
-            "- No external data or packages: the data are simulated.",
+            "- No external data or packages: the data are simulated." + "".join(
+                f"\n- Code reference {repo}: not cloned; the scripted agent works offline and simulates its data"
+                for repo in _code_references(r.system)),
             "workflow": "1. `python3 src/experiment.py --seed 0` → results/metrics.json, results/rmse_by_k.csv\n"
             "2. `python3 src/analyze.py` → results/analysis.md, results/rmse_vs_k.svg"})],
     ],
