@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from labrun.agents import AGENTS, CLI_AGENTS
 from labrun.resources import EXAMPLES
 
 DEMO_IDEA = EXAMPLES / "demo_noise_averaging.yaml"
@@ -69,7 +70,7 @@ def parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="start (or continue) a session for an idea")
     run.add_argument("idea")
     run.add_argument("--workspace", required=True)
-    run.add_argument("--agent", choices=("anthropic", "claude-code", "scripted"), default=None)
+    run.add_argument("--agent", choices=AGENTS, default=None)
     run.add_argument("--model", default=None)
     run.add_argument("--with", dest="with_phases", default="", metavar="PHASE,...",
                      help="optional phases to run besides the six research phases")
@@ -288,11 +289,11 @@ def _run_flow(idea_path, workspace, agent, model, budget_usd, max_turns, with_ph
             check_credentials()
         except Exception as e:
             raise CliError(str(e)) from None
-    if effective == "claude-code":
+    if effective in CLI_AGENTS:
         from labrun.agents import make_agent
 
         try:
-            make_agent(effective, model)  # finds `claude`, or says how to install it
+            make_agent(effective, model, workspace)  # finds the CLI and its login, or says how to get them
         except AgentUnavailable as e:
             raise CliError(str(e)) from None
     from labrun.flows.session import research_session

@@ -24,6 +24,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from labrun.agents import AGENTS
+
 REPO = Path(__file__).resolve().parents[1]
 POOL = "labrun"
 SESSION_QUEUE = "sessions"
@@ -508,7 +510,7 @@ def add_parsers(sub) -> None:
 
     queue = sub.add_parser("queue", help="submit one session run per idea to the server")
     queue.add_argument("ideas", nargs="+", metavar="IDEA|DIR")
-    queue.add_argument("--agent", choices=("anthropic", "claude-code", "scripted"), default=None)
+    queue.add_argument("--agent", choices=AGENTS, default=None)
     queue.add_argument("--model", default=None)
     queue.add_argument("--workspaces", default="workspaces", metavar="ROOT",
                        help="one workspace per idea is made under ROOT (default ./%(default)s)")

@@ -20,7 +20,9 @@ if TYPE_CHECKING:
     from labrun.tools import ToolBox
     from labrun.usage import Budget
 
-AGENTS = ("anthropic", "claude-code", "scripted")
+AGENTS = ("anthropic", "claude-code", "codex", "gemini", "scripted")
+CLI_AGENTS = ("claude-code", "codex", "gemini")
+"""The coding-CLI backends (`labrun.agents.cli_agent`)."""
 
 
 class AgentUnavailable(Exception):
@@ -61,4 +63,12 @@ def make_agent(agent: str, model: str | None = None, workspace: str | Path | Non
         from labrun.agents.claude_code import ClaudeCodeAgent
 
         return ClaudeCodeAgent(model, workspace)
+    if agent == "codex":
+        from labrun.agents.codex import CodexAgent
+
+        return CodexAgent(model, workspace)
+    if agent == "gemini":
+        from labrun.agents.gemini import GeminiAgent
+
+        return GeminiAgent(model, workspace)
     raise AgentUnavailable(f"unknown agent {agent!r}; choose one of {', '.join(AGENTS)}")

@@ -148,7 +148,7 @@ class ClaudeCodeAgent(CliAgent):
         known = self.known_tools
         return ["mcp__labrun"] + [t for t in WANTED_TOOLS if known is None or t in known]
 
-    def environment(self, timeout_s: float) -> dict[str, str]:
+    def environment(self, plan: RunPlan) -> dict[str, str]:
         login, dropped = choose_login(self.auth)
         prefixes = ["ANTHROPIC_", "CLAUDE_", "DISABLE_", "VERTEX_REGION_"]
         if os.environ.get("CLAUDE_CODE_USE_BEDROCK"):
@@ -162,7 +162,7 @@ class ClaudeCodeAgent(CliAgent):
         if can_sandbox():
             env.setdefault("CLAUDE_CODE_SUBPROCESS_ENV_SCRUB", "1")  # no credentials in its Bash
         env.setdefault("ENABLE_TOOL_SEARCH", "false")  # the MCP tools offered at once, no ToolSearch turn
-        env.setdefault("MCP_TOOL_TIMEOUT", str(int((timeout_s + 300) * 1000)))
+        env.setdefault("MCP_TOOL_TIMEOUT", str(int((plan.timeout_s + 300) * 1000)))
         if self.permissions == "skip" and hasattr(os, "geteuid") and os.geteuid() == 0:
             env["IS_SANDBOX"] = "1"  # Claude Code refuses to bypass permissions as root otherwise
         return env
