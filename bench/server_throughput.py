@@ -26,7 +26,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from labrun import server as srv  # noqa: E402
+from prefect.settings import PREFECT_API_URL, temporary_settings  # noqa: E402
+
+from labrun.serving.deploy import deploy  # noqa: E402
+from labrun.serving.prepare import prepare
+from labrun.serving import processes
+from labrun import serving
+from labrun.serving import submit
 
 DEMO = REPO / "examples" / "demo_noise_averaging.yaml"
 
@@ -41,7 +47,7 @@ def main() -> int:
     levels = [int(x) for x in args.levels.split(",")]
 
     tmp = Path(tempfile.mkdtemp(prefix="labrun-bench-"))
-    port = srv.free_port()
+    port = processes.free_port()
     api_url = f"http://127.0.0.1:{port}/api"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "LABRUN_SCRIPTED"))}
     env.update({"PREFECT_HOME": str(tmp / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -52,12 +58,12 @@ def main() -> int:
     rows = []
     try:
         print(f"starting a Prefect server on 127.0.0.1:{port} …", file=sys.stderr)
-        server = srv.start_server("127.0.0.1", port, env, tmp / "server.log")
-        srv.wait_healthy(api_url, server, tmp / "server.log")
-        with srv.api(api_url):
-            srv.prepare(session_slots=max(levels), crash_after_s=srv.DEFAULT_CRASH_AFTER_S)
-            srv.deploy(env)
-            worker = srv.start_worker(worker_env, tmp / "worker.log")
+        server = processes.start_server("127.0.0.1", port, env, tmp / "server.log")
+        processes.wait_healthy(api_url, server, tmp / "server.log")
+        with temporary_settings({PREFECT_API_URL: api_url}):
+            prepare(session_slots=max(levels), crash_after_s=serving.DEFAULT_CRASH_AFTER_S)
+            deploy(env)
+            worker = processes.start_worker(worker_env, tmp / "worker.log")
             print("warming up (one session) …", file=sys.stderr)
             run_level(1, 1, tmp / "warmup")
             for n in levels:
@@ -65,8 +71,8 @@ def main() -> int:
                 print(f"{n} at once: {count} sessions …", file=sys.stderr)
                 rows.append((n, count, *run_level(n, count, tmp / f"level-{n}")))
     finally:
-        srv.stop(worker)
-        srv.stop(server)
+        processes.stop(worker)
+        processes.stop(server)
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
         else:
@@ -90,10 +96,10 @@ def run_level(n: int, count: int, root: Path) -> tuple[float, float, float, floa
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:
-        queue = client.read_work_queue_by_name(srv.SESSION_QUEUE, work_pool_name=srv.POOL)
+        queue = client.read_work_queue_by_name(serving.SESSION_QUEUE, work_pool_name=serving.POOL)
         client.update_work_queue(queue.id, concurrency_limit=n)
     started = time.monotonic()
-    ids = [srv.submit_session(DEMO, root / f"session-{i:02d}", agent="scripted").id for i in range(count)]
+    ids = [submit.submit_session(DEMO, root / f"session-{i:02d}", agent="scripted").id for i in range(count)]
     runs = {}
     while True:
         with get_client(sync_client=True) as client:

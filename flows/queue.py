@@ -17,7 +17,8 @@ from prefect import flow, get_run_logger
 
 from labrun.idea import IdeaError, load_idea
 from labrun.status import finished_and_intact
-from labrun.server import SESSION_DEPLOYMENT, collect_ideas, flow_run_url, submit_session, workspace_for
+from labrun.serving import SESSION_DEPLOYMENT
+from labrun.serving.submit import collect_ideas, flow_run_url, submit_session, workspace_for
 
 
 @flow(name="experiment-queue", log_prints=True, persist_result=False)

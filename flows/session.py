@@ -14,6 +14,7 @@ from typing import Any
 
 from prefect import flow
 from prefect.context import FlowRunContext, TaskRunContext
+from prefect.exceptions import TerminationSignal
 from prefect.logging.handlers import APILogHandler
 from prefect.states import State
 
@@ -22,6 +23,7 @@ from labrun.artifacts import SessionArtifacts
 from labrun.branches import finish_rerun, rerun
 from labrun.model import UsageWindowSpent
 from labrun.session import Session
+from labrun.state import FlowRunRecord
 from labrun.windows import wait_out
 from labrun.phases.phase import manifest_digest, phase_version, run_phase
 
@@ -75,7 +77,14 @@ def research_session(
         raise
     artifacts = SessionArtifacts.attach(session)  # STATE.md, attempts, progress, usage in the UI
     try:
+        _record_flow_run(session)
         return run_session(session)
+    except KeyboardInterrupt as e:  # labrun.interrupts.Interrupted names the signal
+        _record_interruption(session, str(e) or "Ctrl-C (SIGINT)")
+        raise
+    except TerminationSignal:  # Prefect's own SIGTERM handler during a flow run
+        _record_interruption(session, "SIGTERM")
+        raise
     finally:
         artifacts.close()
         session.close()
@@ -125,6 +134,28 @@ def run_session(session: Session) -> dict[str, Any]:
         upstream.append(manifest_digest(manifest))
     store.log("session complete")
     return {"session": session.state.session_id, "complete": True}
+
+
+def _record_flow_run(session: Session) -> None:
+    """So that `labrun status` can say how to retry a deployment's run."""
+    run = FlowRunContext.get().flow_run
+    session.state.last_run = FlowRunRecord(
+        id=str(run.id), name=run.name, deployment_id=str(run.deployment_id) if run.deployment_id else None)
+    session.store.save()
+
+
+def _record_interruption(session: Session, reason: str) -> None:
+    """In STATE.md, in plain words. Attempts still running are killed and marked as a resume
+    would mark them; the phase that was running is FAILED (its task Crashed)."""
+    session.reconcile_after_crash()
+    running = [(n, p) for n, p in enumerate(session.phases, 1) if session.state.phases[p.key].status == "IN PROGRESS"]
+    hint = f"resume with `labrun resume {session.ws.root}`"
+    if not running:
+        session.store.log(f"session interrupted by {reason}; {hint}")
+        return
+    number, phase = running[0]
+    session.store.set_phase(phase.key, "FAILED", f"phase {number} {phase.key} interrupted by {reason}; {hint}",
+                            f"interrupted by {reason}")
 
 
 def _flow_run_id() -> str | None:

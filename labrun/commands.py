@@ -31,6 +31,10 @@ def kill_group(pgid: int) -> None:
         pass
 
 
+running_groups: set[int] = set()
+"""Process groups of the commands running now: what a second Ctrl-C kills before labrun exits."""
+
+
 def run_command(
     command: str,
     cwd: Path,
@@ -55,22 +59,27 @@ def run_command(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    if on_start:
-        on_start(proc.pid)
+    running_groups.add(proc.pid)
     timed_out = too_much = False
-    while True:
-        try:
-            proc.wait(timeout=0.1)
-            break
-        except subprocess.TimeoutExpired:
-            pass
-        timed_out = time.monotonic() - start > timeout_s
-        too_much = log_path.stat().st_size > max_output_bytes
-        if timed_out or too_much:
-            kill_group(proc.pid)
-            proc.wait()
-            break
-    kill_group(proc.pid)  # nothing the command started outlives it
+    try:
+        if on_start:
+            on_start(proc.pid)
+        while True:
+            try:
+                proc.wait(timeout=0.1)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            timed_out = time.monotonic() - start > timeout_s
+            too_much = log_path.stat().st_size > max_output_bytes
+            if timed_out or too_much:
+                kill_group(proc.pid)
+                proc.wait()
+                break
+    finally:  # nothing the command started outlives it, nor an interrupted engine
+        kill_group(proc.pid)
+        proc.wait()
+        running_groups.discard(proc.pid)
     duration = time.monotonic() - start
     _redact_file(log_path)
     with open(log_path, "rb") as f:

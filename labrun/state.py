@@ -8,6 +8,7 @@ never writes either: its contributions arrive through `complete_phase` sections.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 from datetime import datetime, timezone
@@ -91,6 +92,14 @@ class Branch(BaseModel):
     """False until the workspace is cleared of the replaced phases' outputs."""
 
 
+class FlowRunRecord(BaseModel):
+    """The Prefect flow run that ran the session last."""
+
+    id: str
+    name: str
+    deployment_id: str | None = None
+
+
 class SessionState(BaseModel):
     session_id: str
     title: str
@@ -112,6 +121,7 @@ class SessionState(BaseModel):
     attempts: list[Attempt] = Field(default_factory=list)
     file_digests: dict[str, str] = Field(default_factory=dict)
     """Last sha256 any finished phase recorded for each output file."""
+    last_run: FlowRunRecord | None = None
     branches: list[Branch] = Field(default_factory=list)
     """Empty until the first `labrun rerun`; then every branch, the current one last."""
 
@@ -134,10 +144,16 @@ class SessionState(BaseModel):
     def next_action(self, workspace: str) -> str:
         if self.complete:
             return "none: the session is complete (REPORT.md holds the write-up)"
+        run = self.last_run if self.last_run and self.last_run.deployment_id else None
+        retry = (f"retry flow run {run.name} from the Prefect UI (its Retry button) or with "
+                 f"`prefect flow-run retry {run.id}`") if run else None
         failed = [k for k, r in self.phases.items() if r.status == "FAILED"]
         if failed:
-            return f"resume with `labrun resume {workspace}` (phase {failed[0]} stopped: {self.phases[failed[0]].error})"
+            return (f"{retry or f'resume with `labrun resume {workspace}`'} "
+                    f"(phase {failed[0]} stopped: {self.phases[failed[0]].error})")
         running = [k for k, r in self.phases.items() if r.status == "IN PROGRESS"]
+        if running and run:
+            return f"phase {running[0]} is running in flow run {run.name}; if that run crashed, {retry}"
         if running:
             return f"phase {running[0]} is running; if no labrun process is, `labrun resume {workspace}`"
         pending = next(k for k, r in self.phases.items() if r.status == "pending")
@@ -170,6 +186,63 @@ def render_state_md(state: SessionState, workspace: str) -> str:
     return redact(text)
 
 
+class StateDamaged(Exception):
+    """state.json and its previous copy are both unreadable."""
+
+
+def _previous(path: Path) -> Path:
+    return path.with_name(path.name + ".prev")
+
+
+def _parse(path: Path) -> SessionState:
+    data = path.read_bytes()
+    if not data.strip():
+        raise ValueError("it is empty")
+    return SessionState.model_validate_json(data)
+
+
+def _why(e: Exception) -> str:
+    if isinstance(e, UnicodeDecodeError) or "utf-8" in str(e).lower():
+        return "it is not UTF-8"
+    first = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return first if first == "it is empty" else f"it does not parse: {first}"
+
+
+def load_state(ws: Workspace, restore: bool = False) -> tuple[SessionState, str | None]:
+    """The session's state, and a note when state.json was damaged and its previous good
+    copy (kept on every write) was used instead; `restore` also puts that copy back."""
+    try:
+        return _parse(ws.state_file), None
+    except (OSError, ValueError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        damage = _why(e)
+    previous = _previous(ws.state_file)
+    try:
+        state = _parse(previous)
+    except (OSError, ValueError):
+        raise StateDamaged(f"{ws.state_file}: {damage}, and there is no readable previous copy "
+                           f"({previous.name}); start a new workspace") from None
+    note = f"{ws.state_file.name} was damaged ({damage}); recovered the previous good copy ({previous.name})"
+    if restore:
+        write_atomic(ws.state_file, previous.read_text())
+    return state, note
+
+
+def _keep_previous(path: Path) -> None:
+    """The file on disk was written whole (atomically): keep it as the previous good copy,
+    by a hard link, so that keeping it costs no write."""
+    previous, tmp = _previous(path), path.with_name(f".{path.name}.prev.tmp")
+    try:
+        tmp.unlink(missing_ok=True)
+        os.link(path, tmp)
+        os.replace(tmp, previous)
+    except FileNotFoundError:
+        pass
+    except OSError:  # no hard links on this filesystem
+        write_atomic(previous, path.read_text())
+
+
 class StateStore:
     """Owns a session's state: every change is saved at once, STATE.md with it."""
 
@@ -181,10 +254,15 @@ class StateStore:
 
     @classmethod
     def load(cls, ws: Workspace) -> "StateStore":
-        return cls(ws, SessionState.model_validate_json(ws.state_file.read_text()))
+        state, note = load_state(ws, restore=True)
+        store = cls(ws, state)
+        if note:
+            store.event(note)
+        return store
 
     def save(self) -> None:
         with self._lock:
+            _keep_previous(self.ws.state_file)
             write_atomic(self.ws.state_file, redact(self.state.model_dump_json(indent=2)))
             write_atomic(self.ws.state_md, render_state_md(self.state, str(self.ws.root)))
             for listener in self.listeners:

@@ -9,18 +9,14 @@ from typing import Any
 from labrun.branches import rerun_pending, summaries
 from labrun.journal import phase_usage
 from labrun.session import changed_outputs
-from labrun.state import SessionState
+from labrun.state import load_state
 from labrun.usage import Usage
 from labrun.workspace import Workspace
 
 
-def load_state(ws: Workspace) -> SessionState:
-    return SessionState.model_validate_json(ws.state_file.read_text())
-
-
 def session_status(root: Path) -> dict[str, Any]:
     ws = Workspace(root)
-    state = load_state(ws)
+    state, note = load_state(ws)
     phases, total = [], sum((b.archived for b in state.branches), Usage())
     for number, (key, record) in enumerate(state.phases.items(), 1):
         usage = phase_usage(ws.phase_dir(key))
@@ -50,6 +46,7 @@ def session_status(root: Path) -> dict[str, Any]:
             for a in state.attempts
         ],
         "usage": total.model_dump(),
+        "notes": [note] if note else [],
         "branches": summaries(ws, state, total),
     }
 
@@ -57,7 +54,7 @@ def session_status(root: Path) -> dict[str, Any]:
 def finished_and_intact(root: Path) -> bool:
     """Complete, and no finished phase's outputs changed since: a resume has nothing to do."""
     ws = Workspace(root)
-    state = load_state(ws)
+    state, _ = load_state(ws)
     if not state.complete or rerun_pending(ws, state):
         return False
     for key in state.phases:

@@ -21,7 +21,6 @@ from labrun import prompts
 from labrun.crashpoints import crashpoint
 from labrun.journal import Conversation
 from labrun.model import Model, ModelReply, ModelRequest, TransientModelError, UsageWindowSpent
-from labrun.server import model_api_slot
 from labrun.tools import ToolBox, tool_specs
 from labrun.usage import Budget, Usage
 
@@ -82,8 +81,7 @@ def back_off(e: TransientModelError, what: str) -> NoReturn:
 def model_call(model: Model, request: ModelRequest, phase: str, turn: int) -> ModelReply:
     crashpoint("model-call")
     try:
-        with model_api_slot():  # a slot of the `labrun-model-api` limit in server mode
-            return model.complete(request)
+        return model.complete(request)
     except TransientModelError as e:
         back_off(e, f"{phase} turn {turn}")
 

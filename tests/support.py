@@ -15,6 +15,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 DEMO_IDEA = EXAMPLES / "demo_noise_averaging.yaml"
+SHARED = Path(os.environ.get("LABRUN_SHARED") or REPO.parent / "shared")
+NEURICO_IDEAS = SHARED / "neurico-ideas"
+"""NeuriCo's real idea files: a development checkout and CI have them beside the clone."""
+
+
+def needs_shared():
+    import pytest
+
+    return pytest.mark.skipif(not NEURICO_IDEAS.is_dir(), reason=(
+        f"needs NeuriCo's idea files in {NEURICO_IDEAS} (the shared folder beside the clone, as in "
+        "CI; or set LABRUN_SHARED to that folder)"))
 
 
 def labrun(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -60,6 +71,26 @@ def group_alive(pgid: int) -> bool:
         if int(fields[2]) == pgid and fields[0] != "Z":
             return True
     return False
+
+
+def tmpfs(mount: Path, options: str):
+    """A real tmpfs mounted at `mount` for one test (mounting needs root: skips without)."""
+    import contextlib
+
+    import pytest
+
+    @contextlib.contextmanager
+    def mounted():
+        mount.mkdir(exist_ok=True)
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs ({options}) here (it needs root): {done.stderr.strip()}")
+        try:
+            yield mount
+        finally:
+            subprocess.run(["umount", "--lazy", str(mount)], check=True)
+    return mounted()
 
 
 def processes_with_env(*marks: str) -> list[int]:

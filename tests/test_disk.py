@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from support import DEMO_IDEA, labrun
+from support import DEMO_IDEA, labrun, tmpfs
 from labrun import workspace
 from labrun.session import Session
 from labrun.state import phase_table
@@ -22,14 +22,8 @@ FLOOR_MB = 8
 
 @pytest.fixture
 def small_disk(tmp_path):
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a 32 MB tmpfs here (it needs root): {done.stderr.strip()}")
-    yield mount
-    subprocess.run(["umount", "--lazy", str(mount)], check=True)
+    with tmpfs(tmp_path / "disk", "size=32m") as mount:
+        yield mount
 
 
 def fill(disk, leave_mb: float):

@@ -10,13 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from support import NEURICO_IDEAS, needs_shared
 from labrun.idea import GENERAL_DOMAIN, KNOWN_DOMAINS, Idea, IdeaError, load_idea, parse_idea
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("LABRUN_SHARED") or REPO.parent / "shared")
-NEURICO_FILES = sorted(
-    p for p in (SHARED / "neurico-ideas").glob("*.yaml") if p.name != "schema.yaml"
-)
+NEURICO_FILES = sorted(p for p in NEURICO_IDEAS.glob("*.yaml") if p.name != "schema.yaml")
 OUR_EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 
 GOOD = """\
@@ -50,6 +48,7 @@ def no_none(value) -> bool:
 # ── real files ───────────────────────────────────────────────────────────────────────────
 
 
+@needs_shared()
 def test_neurico_examples_are_there():
     # Guards the parametrized test below against passing on an empty glob.
     names = {p.name for p in NEURICO_FILES}
@@ -57,6 +56,7 @@ def test_neurico_examples_are_there():
     assert len(NEURICO_FILES) >= 6
 
 
+@needs_shared()
 @pytest.mark.parametrize("path", NEURICO_FILES, ids=lambda p: p.name)
 def test_neurico_example_loads_unchanged(path: Path):
     idea = load_idea(path)
@@ -78,26 +78,28 @@ def test_our_examples_load_cleanly(path: Path):
     assert idea.guidance_domain != GENERAL_DOMAIN
 
 
+@needs_shared()
 def test_neurico_strays_from_its_schema_and_is_accepted():
-    cot = load_idea(SHARED / "neurico-ideas" / "ai_chain_of_thought_evaluation.yaml")
+    cot = load_idea(NEURICO_IDEAS / "ai_chain_of_thought_evaluation.yaml")
     assert cot.budget_usd == 50.0  # written "$50", on which NeuriCo itself crashes
     assert cot.constraints.time_limit == 7200
     assert "Important considerations" in cot.metadata.model_extra["notes"]
 
-    agent = load_idea(SHARED / "neurico-ideas" / "ai_agent_tool_use.yaml")
+    agent = load_idea(NEURICO_IDEAS / "ai_agent_tool_use.yaml")
     assert agent.budget_usd == 150.0
     assert [o.type for o in agent.expected_outputs] == [
         "benchmark", "metrics", "data", "visualization", "error_analysis"
     ]
 
-    lean = load_idea(SHARED / "neurico-ideas" / "gauss_sum_lean.yaml")
+    lean = load_idea(NEURICO_IDEAS / "gauss_sum_lean.yaml")
     assert lean.expected_outputs[0].type == "proof"
     assert lean.as_prompt_dict()["metadata"]["paper_style"] == "ams"  # extra keys are kept
     assert lean.slug == "formal-proof-of-gausss-summation-formula-axiom"
 
 
+@needs_shared()
 def test_minimal_idea_gets_schema_defaults():
-    idea = load_idea(SHARED / "neurico-ideas" / "titanic_survival_prediction.yaml")
+    idea = load_idea(NEURICO_IDEAS / "titanic_survival_prediction.yaml")
     assert idea.title == "Titanic Survival Prediction"
     assert idea.hypothesis.startswith("Passenger demographic")
     assert not idea.hypothesis.endswith("\n")  # block scalars are stripped

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from types import SimpleNamespace as NS
@@ -10,6 +9,7 @@ from types import SimpleNamespace as NS
 import pytest
 import yaml
 
+from support import NEURICO_IDEAS, needs_shared
 from labrun import prompts
 from labrun.phases import BY_KEY, PHASES, Files, SuccessfulAttempt
 
@@ -19,10 +19,7 @@ KEYS = [p.key for p in PHASES]
 def files_of(phase) -> list[str]:
     return [f for r in phase.done_when if isinstance(r, Files) for f in r.paths]
 TEMPLATES = Path(prompts.__file__).resolve().parents[1] / "templates"
-REPO = Path(__file__).resolve().parents[1]
-IDEAS = Path(os.environ.get("LABRUN_SHARED") or REPO.parent / "shared") / "neurico-ideas"
-needs_ideas = pytest.mark.skipif(not IDEAS.is_dir(), reason=f"NeuriCo's ideas are not at {IDEAS}: "
-                                 "set LABRUN_SHARED to the shared folder that holds neurico-ideas/")
+IDEAS = NEURICO_IDEAS
 IDEA_FILES = [
     "ai_agent_tool_use.yaml",
     "math_example.yaml",
@@ -130,7 +127,7 @@ def test_every_phase_has_distinctive_instructions():
 
 # -- the system prompt ----------------------------------------------------------------------
 
-@needs_ideas
+@needs_shared()
 @pytest.mark.parametrize("idea_file", IDEA_FILES)
 @pytest.mark.parametrize("key", KEYS)
 def test_system_prompt_holds_its_phase_only(key, idea_file):
@@ -195,7 +192,7 @@ def test_no_other_phase_key_anywhere_in_template_text(key, domain):
         assert key in text
 
 
-@needs_ideas
+@needs_shared()
 def test_idea_rendering():
     prompt = prompts.system_prompt("planning", NEUTRAL_IDEA, "general", "")
     assert "Budget: $50 (USD)" in prompt
@@ -204,6 +201,10 @@ def test_idea_rendering():
     assert "Keep it small." in prompt
     wrapped = prompts.system_prompt("planning", {"idea": NEUTRAL_IDEA}, "general", "")
     assert wrapped == prompt
+
+
+@needs_shared()
+def test_neurico_idea_rendering():
     cot = prompts.system_prompt("planning", load_idea("ai_chain_of_thought_evaluation.yaml"),
                                 "artificial_intelligence", "")
     assert "Budget: $50 (USD)" in cot
@@ -235,7 +236,7 @@ def test_unknown_domain_gets_the_general_guidance_alone():
     assert all(line in ml for line in general), "a domain must add to the general guidance"
 
 
-@needs_ideas
+@needs_shared()
 def test_mathematics_is_proof_oriented():
     prompt = prompts.system_prompt("experiments", load_idea("math_example.yaml"),
                                    "mathematics", "")

@@ -91,7 +91,10 @@ def test_demo_session_completes_with_a_real_experiment(tmp_path, prefect_api):
     metrics = json.loads((ws / "results/metrics.json").read_text())
     assert report["attempts"][1]["metrics"]["slope_gaussian"] == metrics["slope_gaussian"]
     assert abs(metrics["slope_gaussian"] + 0.5) < 0.05
-    assert str(metrics["slope_gaussian"]) in (ws / "REPORT.md").read_text()
+    report_md = (ws / "REPORT.md").read_text()
+    assert str(metrics["slope_gaussian"]) in report_md
+    assert report_md.startswith("# Report: Averaging noisy measurements")
+    assert "The results above are those of attempt 2." in report_md
     for phase, turns in SCRIPT_TURNS.items():
         assert len(replies(ws, phase)) == turns, phase
     text = (ws / "STATE.md").read_text()
@@ -199,6 +202,7 @@ def test_kill_9_mid_attempt_marks_it_interrupted_and_kills_its_processes(tmp_pat
     assert len(replies(ws, "experiments")) == SCRIPT_TURNS["experiments"] + 1
     assert replies(ws, "experiments")[0]["content"][1]["input"]["command"].endswith("python3 src/experiment.py --seed 0")
     assert runs(ws)["implementation"] == 1
+    assert "The results above are those of attempt 3." in (ws / "REPORT.md").read_text()
 
 
 def test_a_deleted_output_makes_its_phase_and_the_later_ones_run_again(tmp_path, prefect_api):
@@ -266,5 +270,10 @@ def test_another_idea_in_a_used_workspace_is_refused(tmp_path, prefect_api):
     result = labrun("run", str(other), "--workspace", str(ws))
     assert result.returncode == 2
     assert "already holds a session of another idea" in result.stderr
+    # The same idea on its finished session: answered from the files, as `labrun resume` does.
     same = labrun("run", str(DEMO_IDEA), "--workspace", str(ws))
-    assert same.returncode == 0 and "resuming" in same.stdout
+    assert same.returncode == 0 and "nothing to do" in same.stdout
+    (ws / "REPORT.md").unlink()
+    again = labrun("run", str(DEMO_IDEA), "--workspace", str(ws))
+    assert again.returncode == 0 and "resuming" in again.stdout, again.stderr
+    assert (ws / "REPORT.md").is_file()

@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from labrun.tools import ToolBox
     from labrun.usage import Budget
 
-AGENTS = ("anthropic", "claude-code", "codex", "gemini", "scripted")
-CLI_AGENTS = ("claude-code", "codex", "gemini")
+AGENTS = ("anthropic", "claude-code", "codex", "scripted")
+CLI_AGENTS = ("claude-code", "codex")
 """The coding-CLI backends (`labrun.agents.cli_agent`)."""
 
 
@@ -50,15 +50,22 @@ class ModelAgent:
         run_turns(self.model, toolbox, convo, system, max_turns, budget)
 
 
+def _model_agent(model: Model) -> ModelAgent:
+    """In a deployment's run every model call takes a slot of the model API's limit."""
+    from labrun.model_api_limit import LimitedModel, limited
+
+    return ModelAgent(LimitedModel(model) if limited() else model)
+
+
 def make_agent(agent: str, model: str | None = None, workspace: str | Path | None = None) -> Agent:
     if agent == "scripted":
         from labrun.agents.scripted import ScriptedModel
 
-        return ModelAgent(ScriptedModel(workspace))
+        return _model_agent(ScriptedModel(workspace))
     if agent == "anthropic":
         from labrun.agents.anthropic import AnthropicModel
 
-        return ModelAgent(AnthropicModel(model))
+        return _model_agent(AnthropicModel(model))
     if agent == "claude-code":
         from labrun.agents.claude_code import ClaudeCodeAgent
 
@@ -67,8 +74,4 @@ def make_agent(agent: str, model: str | None = None, workspace: str | Path | Non
         from labrun.agents.codex import CodexAgent
 
         return CodexAgent(model, workspace)
-    if agent == "gemini":
-        from labrun.agents.gemini import GeminiAgent
-
-        return GeminiAgent(model, workspace)
     raise AgentUnavailable(f"unknown agent {agent!r}; choose one of {', '.join(AGENTS)}")

@@ -20,7 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from labrun import server as srv
+from labrun.serving.deploy import deploy
+from labrun.serving.prepare import prepare
+from labrun.serving import processes
+from labrun.serving import submit
 
 from e2e_helpers import CRASH_AFTER_S, EXAMPLES, REPO, UUID_RE, labrun, wait_for
 
@@ -64,13 +67,13 @@ class Worker:
 
     def start(self) -> None:
         self.started += 1
-        self.proc = srv.start_worker(self.env, self.logs / f"worker-{self.started}.log",
+        self.proc = processes.start_worker(self.env, self.logs / f"worker-{self.started}.log",
                                      name=f"e2e-worker-{self.started}")
 
     def kill_hard(self) -> list[int]:
         """kill -9 of the worker and every process below it (its flow runs): a dead machine."""
         assert self.proc is not None
-        pids = [self.proc.pid, *srv.descendants(self.proc.pid)]
+        pids = [self.proc.pid, *(p.pid for p in processes.descendants(self.proc.pid))]
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -80,14 +83,14 @@ class Worker:
         return pids
 
     def stop(self) -> None:
-        srv.stop(self.proc)
+        processes.stop(self.proc)
 
 
 @pytest.fixture(scope="session")
 def prefect_server(tmp_path_factory):
     home = tmp_path_factory.mktemp("prefect-home")
     logs = tmp_path_factory.mktemp("logs")
-    port = srv.free_port()
+    port = processes.free_port()
     api_url = f"http://127.0.0.1:{port}/api"
     env = _clean_env()
     env.update({
@@ -96,25 +99,25 @@ def prefect_server(tmp_path_factory):
         "PREFECT_API_URL": api_url,
         "PREFECT_SERVER_LOGGING_LEVEL": "WARNING",
     })
-    proc = srv.start_server("127.0.0.1", port, env, logs / "server.log")
+    proc = processes.start_server("127.0.0.1", port, env, logs / "server.log")
     try:
-        srv.wait_healthy(api_url, proc, logs / "server.log")
+        processes.wait_healthy(api_url, proc, logs / "server.log")
     except Exception:
-        srv.stop(proc)
+        processes.stop(proc)
         raise
     from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
 
     with temporary_settings({PREFECT_API_URL: api_url, PREFECT_HOME: str(home)}):
         yield Server(api_url, f"http://127.0.0.1:{port}", home, env, proc, logs)
-    srv.stop(proc)
+    processes.stop(proc)
 
 
 @pytest.fixture(scope="session")
 def deployed(prefect_server):
     """The pool and what goes with it, then `prefect deploy --all` from the repository."""
     started = time.monotonic()
-    done = srv.prepare(session_slots=4, crash_after_s=CRASH_AFTER_S)
-    out = srv.deploy(prefect_server.env, REPO)
+    done = prepare(session_slots=4, crash_after_s=CRASH_AFTER_S)
+    out = deploy(prefect_server.env, REPO)
     assert "research-session/default" in out.replace("'", "")
     return {"prepared": done, "deploy_s": time.monotonic() - started}
 
@@ -165,8 +168,8 @@ def three_sessions(prefect_server, worker, tmp_path_factory) -> Sessions:
     from labrun.idea import load_idea
 
     failing = ideas / sessions.failing
-    ws = srv.workspace_for(failing, load_idea(failing).content_hash, sessions.root)
-    run = srv.submit_session(failing, ws, job_variables={"env": {
+    ws = submit.workspace_for(failing, load_idea(failing).content_hash, sessions.root)
+    run = submit.submit_session(failing, ws, job_variables={"env": {
         "LABRUN_SCRIPTED_FAULTS": "raise@experiments:3",
         "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30",
     }})

@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from labrun import server as srv
+from labrun.serving import submit
 
 from e2e_helpers import client, status_json, wait_for
 
@@ -41,7 +41,7 @@ def test_a_spent_window_reschedules_the_flow_run(prefect_server, worker, tmp_pat
         "LABRUN_MIN_WINDOW_WAIT_S": "0",
         "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30",
     }
-    run = srv.submit_session(idea, ws, agent="claude-code", job_variables={"env": env})
+    run = submit.submit_session(idea, ws, agent="claude-code", job_variables={"env": env})
 
     final = wait_for([run.id])[str(run.id)]
     assert final.state.type.value == "COMPLETED", final.state

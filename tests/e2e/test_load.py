@@ -10,7 +10,7 @@ default settings Prefect answers a "database is locked" with a 503 that its clie
 and logs nothing (`PREFECT_SERVER_LOG_RETRYABLE_ERRORS` is off), so the shared server's log
 could not show how often SQLite was locked. Its own server also starts from an empty
 database, so the figures printed are comparable between runs, and its `sessions` limit is
-set for this test only (`srv.prepare(session_slots=CONCURRENCY)`), nothing to restore.
+set for this test only (`prepare(session_slots=CONCURRENCY)`), nothing to restore.
 With LABRUN_E2E_POSTGRES=1 the same test runs again on a server whose database is a local
 PostgreSQL (docs/server-mode.md, "When to move the server to PostgreSQL").
 """
@@ -30,7 +30,10 @@ from pathlib import Path
 
 import pytest
 
-from labrun import server as srv
+from labrun.serving.deploy import deploy
+from labrun.serving.prepare import prepare
+from labrun.serving import processes
+from labrun.serving import submit
 
 from e2e_helpers import FINAL, REPO, UUID_RE, client, idea_copy, labrun, status_json
 
@@ -76,7 +79,7 @@ def load_server(request, tmp_path_factory):
     deployments, a worker."""
     home = tmp_path_factory.mktemp("load-prefect-home")
     logs = tmp_path_factory.mktemp("load-logs")
-    port = srv.free_port()
+    port = processes.free_port()
     api_url = f"http://127.0.0.1:{port}/api"
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("PREFECT_") and not k.startswith("LABRUN_SCRIPTED")}
@@ -93,19 +96,19 @@ def load_server(request, tmp_path_factory):
             if os.environ.get(POSTGRES) != "1":
                 pytest.skip(f"the PostgreSQL variant runs with {POSTGRES}=1")
             env["PREFECT_API_DATABASE_CONNECTION_URL"] = cleanup.enter_context(_postgres())
-        server = srv.start_server("127.0.0.1", port, env, server_log)
-        cleanup.callback(srv.stop, server)
-        srv.wait_healthy(api_url, server, server_log)
+        server = processes.start_server("127.0.0.1", port, env, server_log)
+        cleanup.callback(processes.stop, server)
+        processes.wait_healthy(api_url, server, server_log)
         from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
 
         with temporary_settings({PREFECT_API_URL: api_url, PREFECT_HOME: str(home)}):
             # the automation at its default (90 s): this test kills nothing, so a run marked
             # Crashed here is one whose heartbeats the loaded server lost
-            srv.prepare(session_slots=CONCURRENCY)
-            srv.deploy(env, REPO)
-            worker = srv.start_worker({**env, "PREFECT_WORKER_QUERY_SECONDS": "1"}, worker_log,
+            prepare(session_slots=CONCURRENCY)
+            deploy(env, REPO)
+            worker = processes.start_worker({**env, "PREFECT_WORKER_QUERY_SECONDS": "1"}, worker_log,
                                       name="load-worker")
-            cleanup.callback(srv.stop, worker)
+            cleanup.callback(processes.stop, worker)
             yield LoadServer(request.param, api_url, env, server_log, worker_log)
 
 
@@ -131,7 +134,7 @@ def _postgres():
     folder = Path(tempfile.mkdtemp(prefix="labrun-load-pg-"))
     if owner is not None:
         os.chown(folder, owner.pw_uid, owner.pw_gid)
-    data, port = folder / "data", srv.free_port()
+    data, port = folder / "data", processes.free_port()
 
     def run(*cmd: str) -> None:
         done = subprocess.run([*as_user, *cmd], capture_output=True, text=True, timeout=120)
@@ -246,7 +249,7 @@ def test_twenty_sessions_through_one_server(load_server, tmp_path):
         run = final[rid]
         where = f"{name} (flow run {rid})"
         idea = ideas / name
-        workspace = srv.workspace_for(idea, load_idea(idea).content_hash, root)
+        workspace = submit.workspace_for(idea, load_idea(idea).content_hash, root)
         if run.parameters.get("workspace") != str(workspace):
             problems.append(f"{where}: workspace {run.parameters.get('workspace')}, expected {workspace}")
         if run.state.type.value != "COMPLETED":

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from labrun import server as srv
+from labrun.serving import SESSION_DEPLOYMENT
+from labrun.serving import submit as srv
 
 from e2e_helpers import idea_copy, latest_task_states, status_json, wait_for
 
@@ -26,7 +27,7 @@ def test_a_deployment_run_with_from_phase_reruns_from_it(prefect_server, worker,
     before = status_json(ws, prefect_server.env)
 
     def rerun(**job):
-        run = run_deployment(srv.SESSION_DEPLOYMENT, timeout=0, job_variables=job or None, parameters={
+        run = run_deployment(SESSION_DEPLOYMENT, timeout=0, job_variables=job or None, parameters={
             "idea_path": str(idea), "workspace": str(ws), "from_phase": "analysis", "note": "from the UI"})
         return str(run.id), wait_for([run.id], timeout_s=180)[str(run.id)]
 

@@ -11,7 +11,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 
-from labrun import server as srv
+from labrun import model_api_limit
+from labrun.serving import processes
+from labrun import serving
+from labrun.serving import submit
 from labrun.artifacts import artifact_key
 
 from e2e_helpers import (CRASH_AFTER_S, REPO, client, idea_copy, labrun, latest_task_states, read_run,
@@ -30,11 +33,11 @@ def test_deployments_from_prefect_yaml(prefect_server, deployed):
         queue = c.read_deployment_by_name("experiment-queue/ideas-folder")
         pool = c.read_work_pool("labrun")
         sessions_queue = c.read_work_queue_by_name("sessions", work_pool_name="labrun")
-        limit = c.read_global_concurrency_limit_by_name(srv.MODEL_API_LIMIT)
-        automations = c.read_automations_by_name(srv.ZOMBIE_AUTOMATION)
+        limit = c.read_global_concurrency_limit_by_name(model_api_limit.MODEL_API_LIMIT)
+        automations = c.read_automations_by_name(serving.ZOMBIE_AUTOMATION)
     assert pool.type == "process"
     assert session.work_pool_name == "labrun" and session.work_queue_name == "sessions"
-    assert session.entrypoint == "flows/session.py:research_session"
+    assert session.entrypoint == "labrun.flows.session.research_session"
     assert {"idea_path", "workspace", "agent", "model", "from_phase"} <= set(session.parameter_openapi_schema["properties"])
     # no network in the pull step: the worker runs the flows from this clone
     assert session.pull_steps == [
@@ -66,11 +69,13 @@ def test_three_sessions_at_once_and_a_retry_from_the_ui(prefect_server, three_se
     assert [p[k]["status"] for k in FIRST_THREE] == ["DONE"] * 3
     assert p["experiments"]["status"] == "FAILED"
     assert [(a["n"], a["status"]) for a in before["attempts"]] == [(1, "FAILED")]
+    assert f"`prefect flow-run retry {failed_id}`" in before["session"]["next_action"]
+    assert "Retry button" in before["session"]["next_action"]
 
     # Retry, as the Retry button of the run's page (V1 UI) does it: the same flow run goes
     # to AwaitingRetry, unforced. (The crash test below retries as the V2 UI does.)
     retried_at = datetime.now(timezone.utc)
-    result = srv.retry_like_the_ui(failed_id, ui="v1")
+    result = submit.retry_like_the_ui(failed_id, ui="v1")
     assert result.status.value == "ACCEPT", result
     run = wait_for([failed_id], timeout_s=180)[failed_id]
     assert run.state.type.value == "COMPLETED", run.state
@@ -125,7 +130,7 @@ def test_experiment_queue_flow_submits_each_new_idea_once(prefect_server, worker
     root = tmp_path / "workspaces"
 
     def queue_once():
-        run = run_deployment(srv.QUEUE_DEPLOYMENT, timeout=0, parameters={
+        run = run_deployment(serving.QUEUE_DEPLOYMENT, timeout=0, parameters={
             "folder": str(ideas), "workspaces": str(root)})
         return wait_for([run.id], timeout_s=120)[str(run.id)]
 
@@ -159,8 +164,8 @@ def test_dead_worker_run_is_crashed_then_retried_and_one_workspace_one_writer(
     idea = idea_copy(tmp_path / "ideas", "crash.yaml", "Crash test: a worker that dies")
     from labrun.idea import load_idea
 
-    ws = srv.workspace_for(idea, load_idea(idea).content_hash, tmp_path / "workspaces")
-    run = srv.submit_session(idea, ws, job_variables={"env": {
+    ws = submit.workspace_for(idea, load_idea(idea).content_hash, tmp_path / "workspaces")
+    run = submit.submit_session(idea, ws, job_variables={"env": {
         "LABRUN_SCRIPTED_FAULTS": "hang@experiments:1", "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}})
     run_id = str(run.id)
     marker = ws / ".labrun" / "faults" / "experiments-1.reached"
@@ -173,7 +178,7 @@ def test_dead_worker_run_is_crashed_then_retried_and_one_workspace_one_writer(
     state_before = (ws / ".labrun" / "state.json").read_bytes()
 
     # A second run of the same workspace, while the first holds it: refused, nothing written.
-    busy = srv.submit_session(idea, ws)
+    busy = submit.submit_session(idea, ws)
     busy_run = wait_for([busy.id], timeout_s=120)[str(busy.id)]
     assert busy_run.state.type.value == "FAILED"
     assert "another labrun process" in busy_run.state.message, busy_run.state.message
@@ -195,7 +200,7 @@ def test_dead_worker_run_is_crashed_then_retried_and_one_workspace_one_writer(
 
     # A new worker; retry as the UI does: the run resumes and completes.
     worker.start()
-    assert srv.retry_like_the_ui(run_id, ui="v2").status.value == "ACCEPT"
+    assert submit.retry_like_the_ui(run_id, ui="v2").status.value == "ACCEPT"
     done = wait_for([run_id], timeout_s=180)[run_id]
     assert done.state.type.value == "COMPLETED", done.state
     status = status_json(ws, prefect_server.env)
@@ -210,33 +215,35 @@ def test_dead_worker_run_is_crashed_then_retried_and_one_workspace_one_writer(
 
 def test_model_api_limit(prefect_server, deployed):
     """In server mode each model call holds a slot of `labrun-model-api` (created when it
-    is missing); without a server it does nothing."""
+    is missing); without a server, or outside a deployment's run, no slot is taken."""
     from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     os.environ["LABRUN_MODEL_API_LIMIT"] = "on"  # as prefect.yaml sets it for session runs
     with client() as c:
-        c.delete_global_concurrency_limit_by_name(srv.MODEL_API_LIMIT)
-    srv._limits_ready.clear()
-    with srv.model_api_slot():
+        c.delete_global_concurrency_limit_by_name(model_api_limit.MODEL_API_LIMIT)
+    model_api_limit.forget_limits()
+    with model_api_limit.model_api_slot():
         with client() as c:
-            limit = c.read_global_concurrency_limit_by_name(srv.MODEL_API_LIMIT)
+            limit = c.read_global_concurrency_limit_by_name(model_api_limit.MODEL_API_LIMIT)
         assert limit.active_slots == 1
     with client() as c:
-        assert c.read_global_concurrency_limit_by_name(srv.MODEL_API_LIMIT).active_slots == 0
+        assert c.read_global_concurrency_limit_by_name(model_api_limit.MODEL_API_LIMIT).active_slots == 0
         # deleted behind this process's back: made again, not skipped
-        c.delete_global_concurrency_limit_by_name(srv.MODEL_API_LIMIT)
-    with srv.model_api_slot():
+        c.delete_global_concurrency_limit_by_name(model_api_limit.MODEL_API_LIMIT)
+    with model_api_limit.model_api_slot():
         with client() as c:
-            assert c.read_global_concurrency_limit_by_name(srv.MODEL_API_LIMIT).active_slots == 1
+            assert c.read_global_concurrency_limit_by_name(model_api_limit.MODEL_API_LIMIT).active_slots == 1
     with client() as c:
-        c.update_global_concurrency_limit(srv.MODEL_API_LIMIT, GlobalConcurrencyLimitUpdate(limit=4))
-    with temporary_settings({PREFECT_API_URL: None}):
-        started = time.monotonic()
-        with srv.model_api_slot():
-            pass
-        assert time.monotonic() - started < 0.05
+        c.update_global_concurrency_limit(model_api_limit.MODEL_API_LIMIT, GlobalConcurrencyLimitUpdate(limit=4))
+    # The agent factory puts the limit around a deployment run's model, never the turn loop.
+    from labrun.agents import make_agent
+
+    assert isinstance(make_agent("scripted").model, model_api_limit.LimitedModel)
+    with temporary_settings({PREFECT_API_URL: None}):  # no server: no limit
+        assert not isinstance(make_agent("scripted").model, model_api_limit.LimitedModel)
     del os.environ["LABRUN_MODEL_API_LIMIT"]
+    assert not isinstance(make_agent("scripted").model, model_api_limit.LimitedModel)
 
 
 def test_model_calls_take_the_model_api_limit(prefect_server, three_sessions):
@@ -247,7 +254,7 @@ def test_model_calls_take_the_model_api_limit(prefect_server, three_sessions):
         page = c.request("POST", "/events/filter", json={"filter": EventFilter(
             event=EventNameFilter(name=["prefect.concurrency-limit.acquired"]),
             resource=EventResourceFilter(labels=ResourceSpecification(
-                {"prefect.resource.name": srv.MODEL_API_LIMIT})),
+                {"prefect.resource.name": model_api_limit.MODEL_API_LIMIT})),
         ).model_dump(mode="json"), "limit": 50}).json()
     # 3 sessions and a retry: dozens of model calls, each took a slot
     assert page["total"] >= 30, page["total"]
@@ -263,7 +270,7 @@ def test_labrun_server_command(tmp_path):
 
     from e2e_helpers import EXAMPLES
 
-    port = srv.free_port()
+    port = processes.free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update({"PREFECT_HOME": str(tmp_path / "home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                 "PREFECT_WORKER_QUERY_SECONDS": "1"})
@@ -280,7 +287,7 @@ def test_labrun_server_command(tmp_path):
             time.sleep(0.5)
         out = (tmp_path / "labrun-server.log").read_text()
         assert f"UI: http://127.0.0.1:{port}" in out
-        children = srv.descendants(proc.pid)
+        children = processes.descendants(proc.pid)
         client_env = {**env, "PREFECT_API_URL": api_url}
         queued = labrun("queue", str(EXAMPLES / "demo_noise_averaging.yaml"), "--workspaces",
                         str(tmp_path / "ws"), env=client_env).stdout
@@ -295,11 +302,75 @@ def test_labrun_server_command(tmp_path):
             assert wait_for([run_id], timeout_s=180)[run_id].state.type.value == "COMPLETED"
             with client() as c:
                 assert c.read_work_queue_by_name("sessions", work_pool_name="labrun").concurrency_limit == 2
-                assert c.read_global_concurrency_limit_by_name(srv.MODEL_API_LIMIT)
-                assert c.read_automations_by_name(srv.ZOMBIE_AUTOMATION)
+                assert c.read_global_concurrency_limit_by_name(model_api_limit.MODEL_API_LIMIT)
+                assert c.read_automations_by_name(serving.ZOMBIE_AUTOMATION)
     finally:
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in its terminal
         code = proc.wait(60)
     assert code == 0, (tmp_path / "labrun-server.log").read_text()
-    assert not srv.healthy(api_url)
-    assert not [p for p in children if srv._alive(p)], "a process outlived `labrun server`"
+    assert not processes.healthy(api_url)
+    assert not [p for p in children if processes.alive(p)], "a process outlived `labrun server`"
+
+
+def _labrun_server(tmp_path, port: int, env: dict, log_name: str, *extra: str):
+    import subprocess
+    import sys
+
+    log = tmp_path / log_name
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "labrun.cli", "server", "--port", str(port),
+                                 "--crash-after", str(CRASH_AFTER_S), *extra], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 240
+    while "labrun server ready" not in log.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.5)
+    return proc
+
+
+def test_a_run_in_flight_when_labrun_server_stops_is_crashed_after_its_restart(tmp_path):
+    """Ctrl-C to `labrun server` while a session runs; once the server is started again the
+    run becomes Crashed within 2 minutes (the heartbeat automation), and Retry finishes it
+    from where it stopped."""
+    import signal
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from labrun.idea import load_idea
+
+    port = processes.free_port()
+    api_url = f"http://127.0.0.1:{port}/api"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "LABRUN_SCRIPTED"))}
+    env.update({"PREFECT_HOME": str(tmp_path / "home"), "PREFECT_WORKER_QUERY_SECONDS": "1"})
+    idea = idea_copy(tmp_path / "ideas", "in_flight.yaml")
+    ws = submit.workspace_for(idea, load_idea(idea).content_hash, tmp_path / "ws")
+    server = _labrun_server(tmp_path, port, env, "server-1.log")
+    try:
+        with temporary_settings({PREFECT_API_URL: api_url}):
+            run_id = submit.submit_session(idea, ws, job_variables={"env": {
+                "LABRUN_SCRIPTED_FAULTS": "hang@experiments:3"}}).id
+            deadline = time.monotonic() + 180
+            while not (ws / ".labrun/faults/experiments-3.reached").exists():
+                assert time.monotonic() < deadline, "the session never reached experiments turn 3"
+                time.sleep(0.5)
+    finally:
+        os.killpg(server.pid, signal.SIGINT)  # Ctrl-C in its terminal
+        assert server.wait(60) == 0
+    assert not processes.healthy(api_url)
+
+    server = _labrun_server(tmp_path, port, env, "server-2.log")
+    try:
+        restarted = time.monotonic()
+        with temporary_settings({PREFECT_API_URL: api_url}):
+            crashed = wait_for([run_id], states={"CRASHED", "CANCELLED", "FAILED"}, timeout_s=120)[str(run_id)]
+            assert time.monotonic() - restarted < 120
+            assert crashed.state.type.value == "CRASHED", crashed.state
+            assert "retry" in status_json(ws, {**env, "PREFECT_API_URL": api_url})["session"]["next_action"]
+            assert submit.retry_like_the_ui(run_id, ui="v1").status.value == "ACCEPT"
+            assert wait_for([run_id], timeout_s=180)[str(run_id)].state.type.value == "COMPLETED"
+        status = status_json(ws, env)
+        assert {p["key"]: p["runs"] for p in status["phases"]}["implementation"] == 1
+        assert [(a["n"], a["status"]) for a in status["attempts"]] == [(1, "FAILED"), (2, "SUCCESS")]
+    finally:
+        os.killpg(server.pid, signal.SIGINT)
+        assert server.wait(60) == 0

@@ -64,8 +64,15 @@ def _attempt_metrics(messages: list[dict]) -> str:
 
 
 def _title(system: str) -> str:
-    found = re.search(r"^\s*(?:\*\*)?Title(?:\*\*)?:\s*(.+)$", system, flags=re.M | re.I)
+    """The idea's title, from the prompt's `**Title:** ...` line (the markup in any form)."""
+    found = re.search(r"^\s*(?:\*\*)?Title(?::\*\*|\*\*:|:)\s*(.+)$", system, flags=re.M | re.I)
     return found.group(1).strip() if found else "the idea"
+
+
+def _attempts(system: str) -> list[tuple[int, str]]:
+    """(number, status) of each experiment attempt, from the STATE digest in the prompt."""
+    found = re.findall(r"^- #(\d+) \**(FAILED|SUCCESS|INTERRUPTED|RUNNING)\**", system, flags=re.M)
+    return [(int(n), status) for n, status in found]
 
 
 # Each phase is a list of steps; step i answers the agent's (i+1)-th turn in that phase.
@@ -126,7 +133,7 @@ SCRIPT: dict[str, list[Step]] = {
         lambda r: [_call("bash", command="python3 src/analyze.py")],
         lambda r: [_call("str_replace_based_edit_tool", command="create", path="REPORT.md",
                          file_text=_docs.get_template("report.md.j2").render(
-                             title=_title(r.system), metrics=_metrics(r.messages),
+                             title=_title(r.system), metrics=_metrics(r.messages), attempts=_attempts(r.system),
                              supported=all(_metrics(r.messages)["slopes_within_tolerance"].values()))),
                    _call("str_replace_based_edit_tool", command="create", path="README.md",
                          file_text=_docs.get_template("readme.md.j2").render(title=_title(r.system)))],

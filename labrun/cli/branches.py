@@ -11,44 +11,20 @@ from pathlib import Path
 
 from rich.table import Table
 
-from labrun.agents import AGENTS
-
-
-def add_parsers(sub) -> None:
-    from labrun.cli import _limits
-
-    rerun = sub.add_parser("rerun", help="run a finished session again from a phase, as a new branch")
-    rerun.add_argument("workspace")
-    rerun.add_argument("--from", dest="from_phase", required=True, metavar="PHASE",
-                       help="the first phase to run again; the earlier ones are reused")
-    rerun.add_argument("--agent", choices=AGENTS, default=None)
-    rerun.add_argument("--model", default=None)
-    rerun.add_argument("--note", default="", help="why this branch (shown by `labrun branches`)")
-    _limits(rerun)
-    rerun.set_defaults(handler=cmd_rerun)
-
-    branches = sub.add_parser("branches", help="a session's branches: start phase, model, time, cost, note")
-    branches.add_argument("workspace")
-    branches.add_argument("--json", action="store_true")
-    branches.set_defaults(handler=cmd_branches)
-
-    diff = sub.add_parser("diff", help="two branches' metrics and key outputs, side by side")
-    diff.add_argument("workspace")
-    diff.add_argument("a", type=int, metavar="A")
-    diff.add_argument("b", type=int, metavar="B")
-    diff.add_argument("--json", action="store_true")
-    diff.set_defaults(handler=cmd_diff)
+from labrun.cli import CliError, console
+from labrun.cli.reading import session_dir
 
 
 def cmd_rerun(args) -> int:
     from labrun.branches import BranchError, check_rerun, not_finished
-    from labrun.cli import CliError, _run_flow, _session_dir
-    from labrun.status import load_state
+    from labrun.cli.running import Run, check_workspace, run_session
+    from labrun.state import load_state
     from labrun.workspace import Workspace, WorkspaceBusy
 
-    root = _session_dir(args.workspace)
+    root = session_dir(args.workspace)
+    check_workspace(root)
     ws = Workspace(root)
-    state = load_state(ws)
+    state, _ = load_state(ws)
     try:
         check_rerun(state, args.from_phase, Path(args.workspace))
     except BranchError as e:
@@ -61,19 +37,18 @@ def cmd_rerun(args) -> int:
     except WorkspaceBusy as e:
         raise CliError(str(e)) from None
     ws.unlock()
-    return _run_flow(None, args.workspace, args.agent, args.model, args.budget_usd, args.max_turns,
-                     from_phase=args.from_phase, note=args.note)
+    return run_session(Run(None, args.workspace, args.agent, args.model, args.budget_usd, args.max_turns,
+                           args.verbose, from_phase=args.from_phase, note=args.note))
 
 
 def cmd_branches(args) -> int:
     from labrun.branches import summaries
-    from labrun.cli import _session_dir, console
     from labrun.session import total_usage
-    from labrun.status import load_state
+    from labrun.state import load_state
     from labrun.workspace import Workspace
 
-    ws = Workspace(_session_dir(args.workspace))
-    state = load_state(ws)
+    ws = Workspace(session_dir(args.workspace))
+    state, _ = load_state(ws)
     rows = summaries(ws, state, total_usage(ws, state))
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -91,10 +66,9 @@ def cmd_branches(args) -> int:
 
 def cmd_diff(args) -> int:
     from labrun.branches import BranchError, diff
-    from labrun.cli import CliError, _session_dir, console
 
     try:
-        report = diff(_session_dir(args.workspace), args.a, args.b)
+        report = diff(session_dir(args.workspace), args.a, args.b)
     except BranchError as e:
         raise CliError(str(e)) from None
     if args.json:

@@ -1,0 +1,5 @@
+import sys
+
+from labrun.cli import main
+
+sys.exit(main())

@@ -1,0 +1,104 @@
+"""The commands that only read: `check`, `status`, `state`. None imports Prefect."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from rich.table import Table
+
+from labrun.cli import CliError, console, err
+
+
+def cmd_check(args) -> int:
+    from labrun.idea import IdeaError, load_idea
+    from labrun.phases import PHASES
+    from labrun.prompts import guidance_domain, layers
+
+    try:
+        idea = load_idea(args.idea)
+    except IdeaError as e:
+        for problem in e.problems:
+            err.print(problem)
+        return 2
+    for warning in idea.warnings:
+        err.print(f"[yellow]warning:[/yellow] {args.idea}: {warning}")
+    budget = f"${idea.budget_usd:g}" if idea.budget_usd is not None else "none"
+    console.print(f"{args.idea}: valid · {idea.title} · domain {idea.domain} "
+                  f"(guidance: {guidance_domain(idea.guidance_domain)}) · budget {budget}", markup=False)
+    console.print("prompt layers of each phase: its own instructions, the general guidance, the domain's")
+    for number, phase in enumerate(PHASES, 1):
+        layout = layers(phase.key, idea.guidance_domain)
+        changes = [f"adds {', '.join(layout.added)}"] if layout.added else []
+        changes += [f"replaces {', '.join(layout.replaced)}"] if layout.replaced else []
+        domain = f"{layout.domain}: {'; '.join(changes)}" if changes else "no domain guidance"
+        console.print(f"  {number} {phase.key:<15} general: {len(layout.blocks)} blocks · {domain}",
+                      markup=False)
+    return 0
+
+
+def cmd_state(args) -> int:
+    path = session_dir(args.workspace) / "STATE.md"
+    sys.stdout.write(path.read_text())
+    return 0
+
+
+def cmd_status(args) -> int:
+    from labrun.branches import BranchError, branch_status
+    from labrun.status import session_status
+
+    root = session_dir(args.workspace)
+    try:
+        report = session_status(root) if args.branch is None else branch_status(root, args.branch)
+    except BranchError as e:
+        raise CliError(str(e)) from None
+    for note in report.get("notes", []):
+        err.print(f"[yellow]note:[/yellow] {note}")
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print_status(report)
+    return 0
+
+
+def print_status(report: dict) -> None:
+    s = report["session"]
+    console.print(f"[bold]{report['idea']['title']}[/bold]  ({s['workspace']})")
+    branch = next((b for b in report.get("branches", []) if b["n"] == s.get("branch")), None)
+    console.print(f"agent {s['agent']}" + (f" · model {s['model']}" if s["model"] else "")
+                  + f" · {'complete' if s['complete'] else 'not complete'}"
+                  + (_branch_line(branch) if branch and len(report["branches"]) > 1 else ""))
+    phases = Table("#", "phase", "status", "runs", "tokens", "cost")
+    for i, p in enumerate(report["phases"], 1):
+        u = p["usage"]
+        tokens = sum(u[k] for k in u if k.endswith("tokens"))
+        phases.add_row(str(i), p["key"], p["status"], str(p["runs"]), f"{tokens:,}", f"${u['cost_usd']:.4f}")
+    console.print(phases)
+    if report["attempts"]:
+        attempts = Table("attempt", "phase", "status", "command", "error / fix")
+        for a in report["attempts"]:
+            note = a["error"] or (f"fix: {a['fix_applied']}" if a["fix_applied"] else "")
+            attempts.add_row(str(a["n"]), a["phase"], a["status"], a["command"], note)
+        console.print(attempts)
+    u = report["usage"]
+    console.print(f"usage: {u['input_tokens']:,} in · {u['output_tokens']:,} out · "
+                  f"{u['cache_read_input_tokens']:,} cache read · {u['cache_creation_input_tokens']:,} "
+                  f"cache write · ${u['cost_usd']:.4f}"
+                  + (f" (${u['estimated_usd']:.4f} of it estimated: runs killed before their bill)"
+                     if u.get("estimated_usd") else ""))
+    console.print(f"next: {s['next_action']}")
+
+
+def _branch_line(b: dict) -> str:
+    where = "the current branch" if b["current"] else f"kept in {b['archive']}"
+    return f" · branch {b['n']} (from {b['from_phase']}; {where})"
+
+
+def session_dir(workspace: str) -> Path:
+    root = Path(workspace)
+    if root.exists() and not root.is_dir():
+        raise CliError(f"{workspace}: is a file, not a session's folder")
+    if not (root / ".labrun" / "state.json").is_file():
+        raise CliError(f"{workspace}: no labrun session here (start one with `labrun run IDEA.yaml --workspace {workspace}`)")
+    return root

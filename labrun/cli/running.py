@@ -1,0 +1,273 @@
+"""The commands that run a session in this process: `run`, `resume`, `demo`.
+
+Everything that can be refused is checked first, without Prefect: the idea, the workspace,
+the agent's credentials, a session that is already complete. Then the Prefect API starts in
+the background (unless a server is running already) while labrun imports the engine, and
+the session flow runs in the main thread. SIGINT and SIGTERM unwind it (`labrun.interrupts`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.markup import escape
+
+from labrun.cli import DEFAULT_AGENT, CliError, console, err
+from labrun.resources import EXAMPLES
+
+DEMO_IDEA = EXAMPLES / "demo_noise_averaging.yaml"
+FLUSH_S = 3.0
+"""How long, at the end, Prefect's log and event queues may take to reach the API."""
+
+
+@dataclass
+class Run:
+    idea_path: str | None
+    workspace: str
+    agent: str | None = None
+    model: str | None = None
+    budget_usd: float | None = None
+    max_turns: int | None = None
+    verbose: bool = False
+    with_phases: tuple[str, ...] = ()
+    start_again: str = ""
+    """The command that starts the session again if it is interrupted before it exists."""
+    from_phase: str | None = None
+    """`labrun rerun`: the phase a new branch starts at."""
+    note: str | None = None
+
+
+def cmd_run(args) -> int:
+    from labrun.idea import IdeaError, load_idea
+
+    try:
+        idea = load_idea(args.idea)
+    except IdeaError as e:
+        raise CliError(str(e)) from None
+    for warning in idea.warnings:
+        err.print(f"[yellow]warning:[/yellow] {args.idea}: {warning}")
+    root = Path(args.workspace)
+    check_workspace(root)
+    stored = _stored_state(root)
+    if stored is not None:
+        if stored.idea_hash != idea.content_hash:
+            raise CliError(
+                f"{args.workspace} already holds a session of another idea ({stored.idea_path}); "
+                "use a new --workspace, or `labrun resume` to continue that one"
+            )
+        if _nothing_to_do(root, args):
+            console.print(f"{args.workspace}: the session is already complete and its outputs are intact; nothing to do.")
+            return 0
+        console.print(f"{args.workspace} holds a session of this idea: resuming it.")
+    elif root.exists() and any(root.iterdir()):
+        console.print(f"[yellow]note:[/yellow] {args.workspace} is not empty; the agent will work beside what is there.")
+    # A new session defaults to the real agent; an existing one keeps its own.
+    agent = args.agent or (DEFAULT_AGENT if stored is None else None)
+    from labrun.phases import phase_list
+
+    with_phases = tuple(p for p in args.with_phases.split(",") if p.strip())
+    try:
+        phase_list(with_phases)
+    except ValueError as e:
+        raise CliError(f"--with: {e}") from None
+    return run_session(Run(args.idea, args.workspace, agent, args.model, args.budget_usd, args.max_turns,
+                           args.verbose, with_phases, f"labrun run {args.idea} --workspace {args.workspace}"))
+
+
+def cmd_resume(args) -> int:
+    from labrun.cli.reading import session_dir
+
+    root = session_dir(args.workspace)
+    check_workspace(root)
+    if _nothing_to_do(root, args):
+        console.print(f"{args.workspace}: the session is already complete and its outputs are intact; nothing to do.")
+        return 0
+    return run_session(Run(None, args.workspace, budget_usd=args.budget_usd, max_turns=args.max_turns,
+                           verbose=args.verbose))
+
+
+def cmd_demo(args) -> int:
+    console.print("[bold]labrun demo[/bold]: the whole flow offline, with the scripted agent "
+                  "(an offline stand-in for demos and tests, not research).")
+    root = Path(args.workspace)
+    check_workspace(root)
+    if _stored_state(root) is not None and _nothing_to_do(root, args):
+        console.print(f"{args.workspace}: the demo session is already complete; nothing to do.")
+        return 0
+    code = run_session(Run(str(DEMO_IDEA), args.workspace, "scripted", verbose=args.verbose,
+                           start_again=f"labrun demo {args.workspace}"))
+    if code == 0:
+        console.print(f"Read {args.workspace}/REPORT.md and {args.workspace}/STATE.md, "
+                      f"or run `labrun status {args.workspace}`.")
+    return code
+
+
+def check_workspace(root: Path) -> None:
+    """A folder labrun can write, or one it can make: said in one line before anything starts."""
+    if root.exists() and not root.is_dir():
+        raise CliError(f"{root}: is a file; name a folder for the session")
+    nearest = root
+    while not nearest.exists():
+        nearest = nearest.parent
+    for folder in (nearest, root / ".labrun"):
+        if not folder.is_dir():
+            continue
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".labrun-probe-", dir=folder)
+        except OSError as e:
+            what = "the folder" if folder == root or folder == root / ".labrun" else f"its parent {folder}"
+            raise CliError(f"{root}: cannot write to {what} ({e.strerror}); use a writable folder") from None
+        os.close(fd)
+        os.unlink(probe)
+
+
+def _stored_state(root: Path):
+    from labrun.state import load_state
+    from labrun.workspace import Workspace
+
+    ws = Workspace(root)
+    if not ws.state_file.is_file():
+        return None
+    state, note = load_state(ws)
+    if note:
+        err.print(f"[yellow]note:[/yellow] {note}")
+    return state
+
+
+def _nothing_to_do(root: Path, args) -> bool:
+    from labrun.status import finished_and_intact
+
+    overrides = getattr(args, "budget_usd", None) is not None or getattr(args, "max_turns", None) is not None
+    return not overrides and finished_and_intact(root)
+
+
+def _check_agent(run: Run) -> None:
+    """The agent's credentials and executable, before any server starts."""
+    from labrun.agents import CLI_AGENTS, AgentUnavailable
+
+    stored = _stored_state(Path(run.workspace))
+    effective = run.agent or (stored.agent if stored else None)
+    if effective == "anthropic":
+        from labrun.agents.anthropic import check_credentials
+
+        try:
+            check_credentials()
+        except Exception as e:
+            raise CliError(str(e)) from None
+    if effective in CLI_AGENTS:
+        from labrun.agents import make_agent
+
+        try:
+            make_agent(effective, run.model, run.workspace)  # finds the CLI and its login, or says how to get them
+        except AgentUnavailable as e:
+            raise CliError(str(e)) from None
+
+
+def run_session(run: Run) -> int:
+    from labrun.commands import kill_group, running_groups
+    from labrun.interrupts import Interrupted, on_hard_exit, stop_on_signals
+    from labrun.serving import ServerError
+    from labrun.serving.api import RunApi
+
+    _configure_logging()
+    _check_agent(run)
+    log = logging.getLogger("labrun")
+    api = None
+    try:
+        with stop_on_signals():
+            api = RunApi.find_or_start()
+            os.environ["PREFECT_API_URL"] = api.url  # before Prefect reads its settings
+            os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+            on_hard_exit(api.kill)
+            on_hard_exit(lambda: [kill_group(g) for g in list(running_groups)])
+            if api.proc is not None:
+                log.info("starting a Prefect API for this run (no server is running; `labrun server` keeps one)")
+            else:
+                log.info(f"using the Prefect API at {api.url} ({api.origin})")
+            return _run_flow(run, api)
+    except Interrupted as e:
+        root = Path(run.workspace)
+        if (root / ".labrun" / "state.json").is_file():
+            err.print(f"[yellow]labrun: interrupted; resume with: labrun resume {run.workspace}[/yellow]")
+        else:
+            err.print(f"[yellow]labrun: interrupted before the session started; start it again with: "
+                      f"{run.start_again}[/yellow]")
+        return e.exit_code
+    except ServerError as e:
+        raise CliError(str(e), code=1) from None
+    finally:
+        if api is not None:
+            _flush_prefect()
+            api.stop()
+
+
+def _run_flow(run: Run, api) -> int:
+    from labrun.agents import AgentUnavailable
+    from labrun.branches import BranchError
+    from labrun.flows.session import research_session
+    from labrun.session import SessionMismatch
+    from labrun.workspace import WorkspaceBusy
+
+    _quiet_prefect_console(run.verbose)
+    api.wait()
+    try:
+        research_session(run.idea_path, str(Path(run.workspace).resolve()), run.agent, run.model,
+                         run.budget_usd, run.max_turns, list(run.with_phases), from_phase=run.from_phase,
+                         note=run.note)
+    except (WorkspaceBusy, AgentUnavailable, SessionMismatch, BranchError) as e:
+        raise CliError(str(e)) from None
+    except Exception as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CliError(f"session stopped: {first}\nresume with: labrun resume {run.workspace}", code=1) from None
+    console.print(f"[green]Session complete.[/green] {run.workspace}/REPORT.md · `labrun status {run.workspace}`")
+    return 0
+
+
+def _flush_prefect() -> None:
+    """Send the logs and events this process still holds while the API is up; otherwise
+    the interpreter's exit retries them against a stopped API and says so."""
+    import sys
+
+    if "prefect" not in sys.modules:
+        return
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=FLUSH_S)
+    EventsWorker.drain_all(timeout=FLUSH_S)
+
+
+def _quiet_prefect_console(verbose: bool) -> None:
+    """The terminal shows labrun's progress; Prefect's records still reach its API and UI."""
+    if verbose:
+        return
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    for name in ("", "prefect", *logging.root.manager.loggerDict):
+        logger = logging.getLogger(name)
+        if not name or name.startswith("prefect"):
+            for handler in list(getattr(logger, "handlers", [])):
+                if isinstance(handler, PrefectConsoleHandler):
+                    logger.removeHandler(handler)
+
+
+class _Progress(logging.Handler):
+    """Engine events and turns, one line each, on stderr."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        colour = "yellow" if record.levelno >= logging.WARNING else "dim"
+        stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
+        err.print(f"[{colour}]{stamp}[/{colour}] {escape(record.getMessage())}")
+
+
+def _configure_logging() -> None:
+    log = logging.getLogger("labrun")
+    if not any(isinstance(h, _Progress) for h in log.handlers):
+        log.addHandler(_Progress())
+    log.setLevel(logging.INFO)
+    log.propagate = False

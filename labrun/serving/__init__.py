@@ -1,0 +1,29 @@
+"""Server mode (DESIGN.md): sessions as deployment runs on the `labrun` process work pool.
+
+- `prepare`: the pool, its `sessions` work queue, the `labrun-model-api` global concurrency
+  limit and the automation that marks a silent run Crashed;
+- `deploy`: `prefect deploy --all` from labrun's `prefect.yaml` (in a clone or a wheel);
+- `processes`: starting and stopping local Prefect servers and workers;
+- `submit`: one session run per idea, each with a workspace of its own.
+
+The names below are what prefect.yaml and the UI know labrun's objects by. Importing this
+package does not import Prefect.
+"""
+
+POOL = "labrun"
+SESSION_QUEUE = "sessions"
+SESSION_DEPLOYMENT = "research-session/default"
+QUEUE_DEPLOYMENT = "experiment-queue/ideas-folder"
+ZOMBIE_AUTOMATION = "labrun: mark runs Crashed when their heartbeats stop"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 4200
+DEFAULT_SESSION_SLOTS = 4
+DEFAULT_CRASH_AFTER_S = 90
+"""Three missed heartbeats at the 30 s that prefect.yaml sets."""
+CLIENT_MAX_RETRIES = 10
+"""On SQLite a burst of writers can keep the database locked through a client's default five
+retries (about a minute); ten wait out bursts of half an hour."""
+
+
+class ServerError(Exception):
+    """A one-line reason, and what to do about it."""

@@ -1,0 +1,95 @@
+"""Which Prefect API a `labrun run` talks to, decided without importing Prefect.
+
+A server already running is used as it is: the one PREFECT_API_URL names (in the
+environment or the active Prefect profile), else the one `labrun server` started (it leaves
+its address in PREFECT_HOME/labrun/server.json while it runs). Only without one does the
+run start an API of its own, at once and in the background, while labrun imports the
+engine; it is stopped when the run ends and dies with labrun in any case.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from labrun.serving import ServerError
+from labrun.serving.processes import free_port, healthy, server_env, start_api, stop, wait_healthy
+
+
+def prefect_home() -> Path:
+    return Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+
+
+def server_record() -> Path:
+    return prefect_home() / "labrun" / "server.json"
+
+
+def configured_api_url() -> str | None:
+    """PREFECT_API_URL from the environment, else from the active Prefect profile."""
+    if os.environ.get("PREFECT_API_URL"):
+        return os.environ["PREFECT_API_URL"]
+    path = Path(os.environ.get("PREFECT_PROFILES_PATH") or prefect_home() / "profiles.toml").expanduser()
+    try:
+        profiles = tomllib.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    active = os.environ.get("PREFECT_PROFILE") or profiles.get("active", "ephemeral")
+    return (profiles.get("profiles", {}).get(active) or {}).get("PREFECT_API_URL") or None
+
+
+def labrun_server_url() -> str | None:
+    """The API of a `labrun server` running on this machine with this PREFECT_HOME."""
+    try:
+        record = json.loads(server_record().read_text())
+        return record["api_url"] if healthy(record["api_url"], timeout_s=1) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+@dataclass
+class RunApi:
+    """The API of one run; `proc` is set when labrun started it."""
+
+    url: str
+    proc: subprocess.Popen | None = None
+    log: Path | None = None
+    origin: str = ""
+
+    @classmethod
+    def find_or_start(cls) -> "RunApi":
+        url = configured_api_url()
+        if url:
+            return cls(url, origin="PREFECT_API_URL")
+        url = labrun_server_url()
+        if url:
+            return cls(url, origin="labrun server")
+        port = free_port()
+        url = f"http://127.0.0.1:{port}/api"
+        log = prefect_home() / "labrun" / "api.log"
+        return cls(url, start_api(port, server_env(url), log), log, origin="started")
+
+    def wait(self) -> None:
+        """Until it answers; one line says what is wrong when it does not."""
+        if self.proc is not None:
+            wait_healthy(self.url, self.proc, self.log)
+        elif not healthy(self.url, timeout_s=5):
+            raise ServerError(f"the Prefect API at {self.url} ({self.origin}) does not answer; start it "
+                              "(`labrun server`), or unset PREFECT_API_URL to let labrun start its own")
+
+    def kill(self) -> None:
+        """At once (a second Ctrl-C)."""
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop(self.proc, grace_s=5, first=signal.SIGTERM)  # uvicorn finishes its requests and exits
+            self.proc = None

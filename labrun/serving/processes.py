@@ -1,0 +1,172 @@
+"""Local Prefect processes that labrun starts: an API for one `labrun run`, a server and a
+worker for `labrun server`; and stopping them with everything they started.
+
+Each is started in a session of its own, so that a Ctrl-C in labrun's terminal reaches
+labrun alone, which then stops them in order (the API last, once the run has reported its
+state). Each also gets a parent-death signal, so that it dies with labrun even after a
+`kill -9`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from labrun.serving import CLIENT_MAX_RETRIES, DEFAULT_HOST, POOL, ServerError
+
+PR_SET_PDEATHSIG = 1
+
+
+def prefect_cli() -> list[str]:
+    return [sys.executable, "-m", "prefect"]
+
+
+def free_port(host: str = DEFAULT_HOST) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex((host, port)) == 0
+
+
+def healthy(api_url: str, timeout_s: float = 2.0) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{api_url}/health", timeout=timeout_s) as r:
+            return r.status == 200
+    except (OSError, ValueError):
+        return False
+
+
+def server_env(api_url: str, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a server labrun starts: telemetry off (offline it prints
+    tracebacks), and every client pointed at it."""
+    env = dict(os.environ if base is None else base)
+    env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    env["PREFECT_API_URL"] = api_url
+    return env
+
+
+def _die_with_parent(parent: int):
+    def preexec() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent died before prctl: do not outlive it
+            os._exit(1)
+    return preexec
+
+
+def spawn(cmd: list[str], env: dict[str, str], log: Path | None) -> subprocess.Popen:
+    """`cmd` in a session of its own that dies with this process. Call it from the main
+    thread: the parent-death signal comes when the thread that started the child ends."""
+    out = subprocess.DEVNULL
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        out = open(log, "ab")
+    try:
+        return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_die_with_parent(os.getpid()))
+    finally:
+        if log is not None:
+            out.close()
+
+
+def start_server(host: str, port: int, env: dict[str, str], log: Path) -> subprocess.Popen:
+    """`prefect server start`: the API, the UI and Prefect's services."""
+    return spawn([*prefect_cli(), "server", "start", "--host", host, "--port", str(port)], env, log)
+
+
+def start_api(port: int, env: dict[str, str], log: Path) -> subprocess.Popen:
+    """The API alone, as Prefect starts it for a flow run without a server (its ephemeral
+    mode: no UI, only the services a run needs), on 127.0.0.1:`port`."""
+    env = {**env, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+    return spawn([sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app",
+                  "--host", DEFAULT_HOST, "--port", str(port), "--log-level", "error", "--lifespan", "on"],
+                 env, log)
+
+
+def wait_healthy(api_url: str, proc: subprocess.Popen | None, log: Path | None,
+                 timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if healthy(api_url):
+            return
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
+            raise ServerError(f"the Prefect server exited (code {proc.returncode}):\n{tail}")
+        time.sleep(0.1)
+    raise ServerError(f"the Prefect server at {api_url} did not answer within {timeout_s:.0f} s")
+
+
+def start_worker(env: dict[str, str], log: Path | None = None, pool: str = POOL,
+                 name: str | None = None) -> subprocess.Popen:
+    # A worker that gives up on a locked SQLite while submitting a run marks it Crashed
+    # before it starts; flow runs inherit the worker's environment.
+    env = {"PREFECT_CLIENT_MAX_RETRIES": str(CLIENT_MAX_RETRIES), **env}
+    cmd = [*prefect_cli(), "worker", "start", "--pool", pool]
+    if name:
+        cmd += ["--name", name]
+    return spawn(cmd, env, log)
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    """Every process below `pid`. Workers start each flow run in a session of its own, so a
+    process group does not hold them."""
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def stop(proc: subprocess.Popen | None, grace_s: float = 15, first: int = signal.SIGTERM) -> None:
+    """`first` to the process group, SIGKILL to what is left of it after `grace_s`; then
+    the processes it started in sessions of their own (a worker's flow runs), the same way."""
+    if proc is None:
+        return
+    below = descendants(proc.pid)
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, first)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    left = [p for p in below if alive(p)]
+    for p in left:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, left = psutil.wait_procs(left, timeout=grace_s)
+    for p in left:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(left, timeout=grace_s)

@@ -1,0 +1,121 @@
+"""A real install: the wheel built from this clone, installed with pip into a fresh virtual
+environment outside the clone, used from another folder as a new user would: `check`,
+`demo` (offline, its own Prefect API, a new Prefect home), then `server` and `queue`.
+
+pip's cache keeps the reinstall of labrun's dependencies cheap; nothing is downloaded when
+they are cached (CI has them from its own install).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import venv
+from pathlib import Path
+
+import pytest
+
+from e2e_helpers import REPO, UUID_RE
+
+NOISE = ("Traceback", "ERROR", "WARNING")
+
+
+def _clean_env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PREFECT_", "LABRUN_", "VIRTUAL_ENV", "PYTHON"))}
+    env["PREFECT_HOME"] = str(home)
+    return env
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """`labrun` of a fresh venv, with the wheel of this clone installed by pip."""
+    root = tmp_path_factory.mktemp("install")
+    wheels = root / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(wheels),
+                    str(REPO)], check=True, cwd=root, capture_output=True)
+    wheel = next(wheels.glob("labrun-*.whl"))
+    env_dir = root / "venv"
+    venv.create(env_dir, with_pip=True)
+    pip = subprocess.run([str(env_dir / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-compile", str(wheel)],
+                         cwd=root, capture_output=True, text=True)
+    assert pip.returncode == 0, pip.stderr[-3000:]
+    return env_dir / "bin" / "labrun"
+
+
+def test_the_wheel_carries_its_data_and_no_generic_module(installed):
+    site = next((installed.parents[1] / "lib").glob("python3*/site-packages"))
+    assert not (site / "flows").exists() and not (site / "phases").exists()
+    assert not (site / "templates").exists() and not (site / "examples").exists()
+    pkg = site / "labrun"
+    for data in ("templates/STATE.md.j2", "examples/demo_noise_averaging.yaml", "prefect.yaml",
+                 "flows/session.py", "phases/phase.py"):
+        assert (pkg / data).is_file(), data
+
+
+def test_an_installed_labrun_checks_and_runs_the_demo_offline(installed, tmp_path):
+    env = _clean_env(tmp_path / "prefect-home")  # a first run: no Prefect database yet
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    example = next((installed.parents[1] / "lib").glob("python3*/site-packages/labrun/examples"))
+    check = subprocess.run([str(installed), "check", str(example / "ml_label_smoothing_calibration.yaml")],
+                           cwd=elsewhere, env=env, capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0 and ": valid ·" in check.stdout, check.stderr
+    demo = subprocess.run([str(installed), "demo"], cwd=elsewhere, env=env, capture_output=True,
+                          text=True, timeout=300)
+    out = demo.stdout + demo.stderr
+    assert demo.returncode == 0, out
+    assert "Session complete." in out
+    assert not [line for line in out.splitlines() if any(n in line for n in NOISE)], out
+    report = (elsewhere / "labrun-demo" / "REPORT.md").read_text()
+    assert report.startswith("# Report: Averaging noisy measurements")
+    assert "The results above are those of attempt 2." in report
+    version = subprocess.run([str(installed), "--version"], env=env, capture_output=True, text=True)
+    assert version.stdout.strip() == "labrun 0.1.0"
+
+
+def test_an_installed_labrun_serves_and_queues(installed, tmp_path):
+    from labrun.serving.processes import free_port, healthy
+
+    env = _clean_env(tmp_path / "prefect-home")
+    env["PREFECT_WORKER_QUERY_SECONDS"] = "1"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    port = free_port()
+    api_url = f"http://127.0.0.1:{port}/api"
+    log = tmp_path / "server.out"
+    with open(log, "w") as out:
+        server = subprocess.Popen([str(installed), "server", "--port", str(port)], cwd=elsewhere, env=env,
+                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while "labrun server ready" not in log.read_text():
+            assert server.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.5)
+        example = next((installed.parents[1] / "lib").glob("python3*/site-packages/labrun/examples"))
+        # No PREFECT_API_URL: `labrun queue` finds the server that `labrun server` started.
+        queued = subprocess.run([str(installed), "queue", str(example / "demo_noise_averaging.yaml"),
+                                 "--workspaces", "ws"], cwd=elsewhere, env=env, capture_output=True,
+                                text=True, timeout=120)
+        assert queued.returncode == 0, queued.stderr
+        assert UUID_RE.search(queued.stdout)
+        workspace = Path(queued.stdout.split(" → ")[1].splitlines()[0])
+        deadline = time.monotonic() + 180
+        while True:
+            status = subprocess.run([str(installed), "status", str(workspace), "--json"], env=env,
+                                    capture_output=True, text=True, timeout=60)
+            if status.returncode == 0 and json.loads(status.stdout)["session"]["complete"]:
+                break
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(2)
+        worker_log = (tmp_path / "prefect-home" / "labrun" / "worker.log").read_text()
+        assert "Traceback" not in worker_log and "ERROR" not in worker_log, worker_log
+    finally:
+        os.killpg(server.pid, signal.SIGINT)  # Ctrl-C in its terminal
+        code = server.wait(60)
+    assert code == 0, log.read_text()
+    assert not healthy(api_url)

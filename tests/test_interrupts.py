@@ -1,0 +1,159 @@
+"""Interrupting a real `labrun run` as a person does: Ctrl-C typed in its terminal (SIGINT to
+the whole foreground process group), and SIGINT or SIGTERM sent to the labrun process
+alone; at a model call, in an experiment attempt, and while the Prefect API starts.
+
+Each run starts its own Prefect API (no PREFECT_API_URL), as a new user's does. After each
+interruption: the exit code, the message, no process labrun started left alive, STATE.md
+saying what happened; then `labrun resume` finishes the session with nothing redone that
+had finished.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from support import DEMO_IDEA, labrun, wait_for
+from terminal import Terminal
+from labrun.journal import Conversation
+from labrun.state import phase_table
+from labrun.status import session_status
+
+SCRIPT_TURNS = {"planning": 2, "setup": 2, "implementation": 2, "experiments": 4,
+                "analysis": 2, "documentation": 3}
+POINTS = {
+    "model-call": "hang@experiments:3",
+    "attempt": "hang-attempt@experiments:1",
+    "api-start": "",
+}
+SIGNALS = {"ctrl-c": 130, "sigint": 130, "sigterm": 143}
+REASON = {"ctrl-c": "Ctrl-C (SIGINT)", "sigint": "Ctrl-C (SIGINT)", "sigterm": "SIGTERM"}
+
+
+@pytest.fixture(scope="module")
+def own_api_env(tmp_path_factory):
+    """No PREFECT_API_URL: each labrun starts its own API, in a Prefect home of these tests
+    (warmed once: its database is made by the first run)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "LABRUN_SCRIPTED_FAULTS")}
+    env["PREFECT_HOME"] = str(tmp_path_factory.mktemp("interrupt-prefect-home"))
+    return env
+
+
+def replies(workspace: Path, phase: str) -> int:
+    return sum(sum(r["kind"] == "reply" for r in Conversation(f).records)
+               for f in Conversation.files(workspace / ".labrun" / "phases" / phase))
+
+
+def reach(point: str, term: Terminal, ws: Path) -> None:
+    """Hold the session at `point`, noting the processes below labrun on the way."""
+    if point == "api-start":
+        wait_for(lambda: any("uvicorn" in " ".join(_cmd(p)) for p in term.watch()), timeout=60,
+                 what="labrun to start its Prefect API")
+        assert not (ws / ".labrun").exists()
+        return
+    marker = ws / ".labrun" / "faults" / f"experiments-{1 if point == 'attempt' else 3}.reached"
+    wait_for(lambda: term.watch() is not None and marker.exists(), timeout=180,
+             what=f"the session to reach its {point}")
+    if point == "attempt":
+        wait_for(lambda: json.loads((ws / ".labrun/state.json").read_text())["attempts"][0]["pgid"],
+                 what="the attempt's process group")
+        wait_for(lambda: any("sleep" in _cmd(p) for p in term.watch()), what="the attempt's command")
+    term.watch()
+
+
+def _cmd(p) -> list[str]:
+    try:
+        return p.cmdline()
+    except Exception:
+        return []
+
+
+def interrupt(how: str, term: Terminal) -> None:
+    if how == "ctrl-c":
+        term.ctrl_c()
+    else:
+        os.kill(term.proc.pid, signal.SIGINT if how == "sigint" else signal.SIGTERM)
+
+
+CASES = [(point, how) for point in POINTS for how in SIGNALS
+         if (point, how) != ("api-start", "sigint")]  # there the group's SIGINT is labrun's alone
+
+
+@pytest.mark.parametrize("point,how", CASES)
+def test_an_interrupted_run_stops_cleanly_and_resumes_with_nothing_redone(point, how, tmp_path, own_api_env,
+                                                                          prefect_api):
+    ws = tmp_path / "ws"
+    env = {**own_api_env, "LABRUN_SCRIPTED_FAULTS": POINTS[point]}
+    term = Terminal("run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted", env=env)
+    try:
+        reach(point, term, ws)
+        started = time.monotonic()
+        interrupt(how, term)
+        code = term.wait(timeout=30)
+        took = time.monotonic() - started
+        out = term.output
+        assert code == SIGNALS[how], out
+        assert took < 5, f"{took:.1f} s to stop:\n{out}"
+        assert "Traceback" not in out and "ERROR" not in out, out
+        assert not term.survivors(), f"processes outlived labrun:\n{term.survivors()}\n{out}"
+    finally:
+        term.close()
+
+    if point == "api-start":
+        assert f"interrupted before the session started; start it again with: labrun run {DEMO_IDEA} " \
+               f"--workspace {ws}" in " ".join(out.split()), out
+        assert not (ws / ".labrun" / "state.json").exists()
+        return
+    assert f"interrupted; resume with: labrun resume {ws}" in " ".join(out.split()), out
+    state_md = (ws / "STATE.md").read_text()
+    assert f"phase 4 experiments interrupted by {REASON[how]}" in state_md
+    assert phase_table(state_md)["experiments"] == "FAILED"
+    assert "- Status: RUNNING" not in state_md
+    assert "Task run is not set" not in state_md + out
+
+    resumed = labrun("resume", str(ws), env={"LABRUN_SCRIPTED_FAULTS": ""})  # the shared test API
+    assert resumed.returncode == 0, resumed.stderr
+    report = session_status(ws)
+    assert {p["key"]: p["runs"] for p in report["phases"]} == {
+        "planning": 1, "setup": 1, "implementation": 1, "experiments": 2, "analysis": 1, "documentation": 1}
+    attempts = [(a["n"], a["status"]) for a in report["attempts"]]
+    if point == "model-call":
+        assert attempts == [(1, "FAILED"), (2, "SUCCESS")]
+        assert replies(ws, "experiments") == SCRIPT_TURNS["experiments"]  # the cut-off call, once
+    else:  # the cut-off attempt is not a failure; the agent runs it again, unfixed, and it fails
+        assert attempts == [(1, "INTERRUPTED"), (2, "FAILED"), (3, "SUCCESS")]
+        assert replies(ws, "experiments") == SCRIPT_TURNS["experiments"] + 1
+    for phase in ("planning", "setup", "implementation", "analysis", "documentation"):
+        assert replies(ws, phase) == SCRIPT_TURNS[phase], phase
+
+
+def test_a_second_ctrl_c_ends_labrun_at_once(tmp_path, own_api_env, prefect_api):
+    """The first Ctrl-C cannot finish: the Prefect API is frozen (SIGSTOP), so the crash
+    report hangs. The second ends labrun at once, and with it what it started."""
+    ws = tmp_path / "ws"
+    env = {**own_api_env, "LABRUN_SCRIPTED_FAULTS": "hang-attempt@experiments:1"}
+    term = Terminal("run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted", env=env)
+    try:
+        reach("attempt", term, ws)
+        api = next(p for p in term.watch() if "uvicorn" in " ".join(_cmd(p)))
+        api.suspend()
+        term.ctrl_c()
+        time.sleep(2)
+        assert term.proc.poll() is None, term.output  # still waiting on the frozen API
+        started = time.monotonic()
+        term.ctrl_c()
+        code = term.wait(timeout=10)
+        assert time.monotonic() - started < 2
+        assert code == 130, term.output
+        assert "stopped at once" in term.output
+        assert not term.survivors(), term.survivors()
+    finally:
+        term.close()
+    resumed = labrun("resume", str(ws), env={"LABRUN_SCRIPTED_FAULTS": ""})
+    assert resumed.returncode == 0, resumed.stderr
+    assert session_status(ws)["session"]["complete"]
