@@ -69,7 +69,7 @@ from labrun.windows import clock
 
 TOOLS_NOTE = "codex.md.j2"
 RESUME_NOTE = "codex_resume.md.j2"
-DEFAULT_MODEL = "gpt-6.1-sol"  # Codex 0.169's own default (first in `codex debug models`)
+DEFAULT_MODEL = "gpt-5.5"  # priced in labrun's table; Codex's own default (gpt-6.1-sol) has no published price
 RECONNECTING = re.compile(r"^Reconnecting\.\.\. (\d+)/(\d+)(?: \((.*)\))?", re.S)
 STATUS = re.compile(r"last status: (\d{3})|unexpected status (\d{3})")
 USAGE_LIMIT = re.compile(r"hit your usage limit", re.I)
