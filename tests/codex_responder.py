@@ -8,7 +8,8 @@ through `tool_search` when Codex defers them, as a model must). The phase is the
 `# Phase N of 6: key` heading in the request's messages (labrun's developer instructions,
 or the current ones an engine restart puts into the resume prompt); the next step is read
 from the conversation: a step whose call has a successful output is done, so a resumed or
-retried thread goes on where it stopped and a step that failed or was cut off is done again.
+retried thread goes on where it stopped and a step that failed or was cut off (Codex answers
+a call the engine's death interrupted with `aborted`) is done again.
 
 `faults={("setup", 0): [reply, ...]}` answers the first requests made at setup's step 0 with
 those replies (a rate-limit storm), the next ones normally. `slow_experiment_s` makes the
@@ -18,6 +19,7 @@ first experiment attempt sleep that long, so a test can kill the engine during i
 from __future__ import annotations
 
 import json
+import re
 import threading
 from typing import Any
 
@@ -60,7 +62,9 @@ def succeeded(body: dict[str, Any]) -> list[str]:
                 done.append("Bash")
             elif name == "apply_patch" and "Exit code: 0" in said:
                 done.append("Write")
-            elif name.startswith("mcp__labrun__") and "The engine could not run" not in said:
+            elif name == "mcp__labrun__run_experiment" and re.search(r"Attempt \d+: SUCCESS", said):
+                done.append(name)
+            elif name == "mcp__labrun__complete_phase" and re.search(r"Phase \w+ complete", said):
                 done.append(name)
     return done
 

@@ -48,7 +48,8 @@ The seam. A backend subclasses `CliAgent` and gives what differs between CLIs:
 - `read(event)`: one parsed JSON line of its output as `Started`, `Streamed`, `ToolUsed`,
   `Retrying`, `Window` or `Finished` (any number, none for events that do not matter);
   a `Finished` whose CLI reports the session's running token total, not the run's, says
-  so (`usage_total`), and labrun counts the change;
+  so (`usage_total`), and labrun counts the change (from `counted_from` next time, when
+  the CLI will count on from another total);
 - `judge(outcome)`: how a run ended, as a `Verdict` (ok, transient, window, lost_session,
   logged_out, failed);
 - `announce()`: one line, said once per engine, on which login the CLI uses;
@@ -172,6 +173,9 @@ class Finished:
     usage_total: bool = False
     """`usage` is the session's running total (tokens), not this run's: the run used the
     change since the session's last total."""
+    counted_from: Usage | None = None
+    """The running total the session's next result counts from, when it is not `usage` (a
+    CLI killed mid-run restores a total that misses what it billed last)."""
 
 
 @dataclass
@@ -621,7 +625,8 @@ def record_result(convo: Conversation, finished: Finished, n: int) -> Usage:
                   "cli": {"run": n, "event": "result", "subtype": finished.subtype, "is_error": finished.is_error,
                           "num_turns": finished.turns, "session_id": finished.session_id,
                           "total_cost_usd": finished.total_cost_usd, "billed": billed.model_dump(),
-                          "total_usage": finished.usage.model_dump() if finished.usage_total else None}})
+                          "total_usage": (finished.counted_from or finished.usage).model_dump()
+                          if finished.usage_total else None}})
     return correction
 
 

@@ -193,17 +193,23 @@ class CodexAgent(CliAgent):
             yield Finished(self.thread, tokens(event.get("usage")), None, self.steps, "success", False,
                            model=self.model, event=event, usage_total=True)
         elif kind == "turn.failed":  # no usage in it: the rollout has the thread's total
-            total = rollout_total(self.home, self.thread) if self.thread else None
-            yield Finished(self.thread, total or Usage(), None, self.steps, "error", True, model=self.model,
-                           event=event, usage_total=total is not None)
+            yield self.from_rollout(self.thread, "error", self.steps, event, True) or Finished(
+                self.thread, Usage(), None, self.steps, "error", True, model=self.model, event=event)
 
     def recover(self, session_id: str | None, since: float) -> Finished | None:
-        """The thread's running total from its rollout file: Codex writes it there after
-        every response, also in a run killed before `turn.completed`."""
-        total = rollout_total(self.home, session_id) if session_id else None
-        if total is None:
+        return self.from_rollout(session_id, "recovered", 0, {}, False)
+
+    def from_rollout(self, thread: str | None, subtype: str, steps: int, event: dict[str, Any],
+                     is_error: bool) -> Finished | None:
+        """A run that ended without `turn.completed`, counted from the thread's rollout file:
+        Codex records each response's usage there (`token_usage_record`, with the thread's
+        total), also in a run killed before its end."""
+        totals = rollout_totals(self.home, thread) if thread else None
+        if totals is None:
             return None
-        return Finished(session_id, total, None, 0, "recovered", False, model=self.model, usage_total=True)
+        billed, restored = totals
+        return Finished(thread, billed, None, steps, subtype, is_error, model=self.model, event=event,
+                        usage_total=True, counted_from=restored)
 
     # -- how a run ended -------------------------------------------------------------------------
 
@@ -247,20 +253,29 @@ def tokens(usage: dict[str, Any] | None) -> Usage:
         u.get("output_tokens") or 0), cache_read_input_tokens=cached, cache_creation_input_tokens=written)
 
 
-def rollout_total(home: Path, thread: str) -> Usage | None:
-    """The last `token_count` total of the thread's rollout file, if there is one."""
-    found = None
+def rollout_totals(home: Path, thread: str) -> tuple[Usage, Usage] | None:
+    """The thread's token totals in its rollout file: as billed (the last response's
+    `token_usage_record`), and as Codex restores it on resume (the last `token_count`
+    event, written just after the record: a run killed between them restores less than it
+    billed, and its next total counts on from there)."""
+    billed = restored = None
     for path in sorted((home / "sessions").glob(f"**/rollout-*-{thread}.jsonl")):
         with open(path, encoding="utf-8", errors="replace") as f:
             for line in f:
-                if '"token_count"' not in line:
+                if '"token_count"' not in line and '"token_usage_record"' not in line:
                     continue
                 try:
-                    info = json.loads(line)["payload"]["info"]
-                    found = tokens(info["total_token_usage"])
-                except (ValueError, KeyError, TypeError):
+                    record = json.loads(line)
+                    payload = record["payload"]
+                    if record.get("type") == "token_usage_record":
+                        billed = tokens(payload["thread_token_usage"])
+                    elif payload.get("type") == "token_count" and payload.get("info"):
+                        restored = tokens(payload["info"]["total_token_usage"])
+                except (ValueError, KeyError, TypeError, AttributeError):
                     continue
-    return found
+    if billed is None and restored is None:
+        return None
+    return billed or restored, restored or Usage()
 
 
 def shorten(command: Any, width: int = 80) -> str:
