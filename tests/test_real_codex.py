@@ -194,3 +194,20 @@ def test_codex_kill_9_during_an_attempt_leaves_no_codex_and_the_resume_asks_noth
     assert [a["status"] for a in report["attempts"]] == ["INTERRUPTED", "SUCCESS"]
     assert_billed(s, report)
     assert not s.codexes()
+
+
+def test_a_missing_or_logged_out_codex_is_one_line_saying_what_to_do(tmp_path):
+    """Before anything starts: no codex on PATH says how to install it; a CODEX_HOME with no
+    login and no key says how to log in."""
+    (tmp_path / "idea.yaml").write_text(IDEA)
+    (tmp_path / "codex-home").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "CODEX_"))}
+    env.update({"CODEX_HOME": str(tmp_path / "codex-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
+    run = ("run", str(tmp_path / "idea.yaml"), "--workspace", str(tmp_path / "ws"), "--agent", "codex")
+    for exe, says in [(str(tmp_path / "nowhere" / "codex"), "npm install -g @openai/codex"),
+                      (str(LAUNCHER), "Codex is not logged in")]:
+        result = labrun(*run, env={**env, "LABRUN_CODEX": exe})
+        assert result.returncode != 0
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and says in lines[0] and "Traceback" not in result.stderr, result.stderr
+    assert "codex login" in lines[0] and "CODEX_API_KEY" in lines[0]

@@ -85,8 +85,7 @@ MISSING = ("Codex is not installed (no `{exe}` on PATH): install it with `npm in
 NO_BINARY = ("found Codex's npm launcher at {launcher} but not its native binary (the package "
              "@openai/codex-<platform>): reinstall it with `npm install -g @openai/codex`")
 NOT_LOGGED_IN = ("Codex is not logged in{said}: run `codex login` (a ChatGPT plan), or "
-                 "`printenv OPENAI_API_KEY | codex login --with-api-key`, or export CODEX_API_KEY; "
-                 "then `labrun resume {root}`")
+                 "`printenv OPENAI_API_KEY | codex login --with-api-key`, or export CODEX_API_KEY{then}")
 
 
 class CodexAgent(CliAgent):
@@ -100,7 +99,7 @@ class CodexAgent(CliAgent):
         self.home = codex_home()
         self.login = login(self.executable, str(self.home))
         if self.login is None:
-            raise AgentUnavailable(NOT_LOGGED_IN.format(said=f" (no login in {self.home})", root=workspace or "."))
+            raise AgentUnavailable(NOT_LOGGED_IN.format(said=f" (no login in {self.home})", then=""))
         note, _, _ = prompts.env.loader.get_source(prompts.env, TOOLS_NOTE)
         self.settings = {"model": self.model, "tools_note": hashlib.sha256(note.encode()).hexdigest()[:12]}
         self.thread: str | None = None  # of the run being read
@@ -215,12 +214,13 @@ class CodexAgent(CliAgent):
 
     def judge(self, out: Outcome) -> Verdict:
         root = self.workspace or "."
+        then = f"; then `labrun resume {root}`"
         if out.finished is None:
             last = (out.stderr.strip().splitlines() or ["no output on stderr"])[-1]
             if "no rollout found" in out.stderr:
                 return Verdict("lost_session", last[:300])
             if "unexpected status 401" in out.stderr:
-                return Verdict("logged_out", NOT_LOGGED_IN.format(said=" (the API answered 401)", root=root))
+                return Verdict("logged_out", NOT_LOGGED_IN.format(said=" (the API answered 401)", then=then))
             return Verdict("failed", f"codex exited with code {out.exit_code} before its result ({last[:300]})")
         if not out.finished.is_error:
             return Verdict("ok")
@@ -234,7 +234,7 @@ class CodexAgent(CliAgent):
             return Verdict("unusable", f"OpenAI says the quota of this login is spent ({said[:120]}): add credit "
                                        f"or change the plan, then `labrun resume {root}`")
         if "unexpected status 401" in said or "unexpected status 403" in said:
-            return Verdict("logged_out", NOT_LOGGED_IN.format(said=f" ({said[:120]})", root=root))
+            return Verdict("logged_out", NOT_LOGGED_IN.format(said=f" ({said[:120]})", then=then))
         if TRANSIENT.search(said):
             retried = f" after {len(out.retries)} retries of its own" if out.retries else ""
             return Verdict("transient", f"the API is busy or limiting{retried}: {said[:200]}")
