@@ -12,7 +12,8 @@ retried thread goes on where it stopped and a step that failed or was cut off (C
 a call the engine's death interrupted with `aborted`) is done again.
 
 `faults={("setup", 0): [reply, ...]}` answers the first requests made at setup's step 0 with
-those replies (a rate-limit storm), the next ones normally. `slow_experiment_s` makes the
+those replies (a rate-limit storm; a callable makes its reply when it is asked), the next
+ones normally. `slow_experiment_s` makes the
 first experiment attempt sleep that long, so a test can kill the engine during it.
 """
 
@@ -95,7 +96,8 @@ class CodexResearcher:
         with self._lock:
             queued = self.faults.get((phase, step))
             if queued:
-                return queued.pop(0)
+                fault = queued.pop(0)
+                return fault() if callable(fault) else fault
         if step >= len(steps):
             return {"text": f"Phase {phase} is complete."}
         name, arguments = as_codex(*steps[step])

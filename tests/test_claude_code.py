@@ -20,12 +20,11 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from support import labrun, processes_with_env, start_labrun, wait_for  # noqa: E402
+from support import assert_complete, labrun, processes_with_env, start_labrun, wait_for  # noqa: E402
 
 from labrun.journal import Conversation  # noqa: E402
 from labrun.prices import cost_usd  # noqa: E402
 from labrun.usage import Usage  # noqa: E402
-from labrun.state import phase_table  # noqa: E402
 from labrun.phases import PHASES  # noqa: E402
 
 from auto_responder import IDEA  # noqa: E402  (the same small idea as the Anthropic tests)
@@ -160,12 +159,6 @@ def newest_attempt_and_its_parents():
             run = client.read_task_run(run.task_inputs["__parents__"][0].id)
             parents.append(run)
         return attempt, parents
-
-
-def assert_complete(ws: Path, result) -> None:
-    assert result.returncode == 0, result.stdout + result.stderr
-    table = phase_table((ws / "STATE.md").read_text())
-    assert all(table[p.key] == "DONE" for p in PHASES), table
 
 
 # -- a whole session -------------------------------------------------------------------------

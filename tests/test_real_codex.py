@@ -25,11 +25,9 @@ from agent_clis import INSTALL, PREFIX  # noqa: E402
 from auto_responder import IDEA  # noqa: E402
 from codex_responder import MODEL, CodexResearcher, phase_of, texts  # noqa: E402
 from fake_responses_api import FakeResponsesAPI  # noqa: E402
-from support import labrun, processes_with_env, wait_for  # noqa: E402
+from support import assert_complete, labrun, processes_with_env, wait_for  # noqa: E402
 
-from labrun.phases import PHASES  # noqa: E402
 from labrun.prices import cost_usd  # noqa: E402
-from labrun.state import phase_table  # noqa: E402
 from labrun.usage import Usage  # noqa: E402
 
 USAGE_FIELDS = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
@@ -116,12 +114,6 @@ def setup_for(tmp_path, prefect_api):
         s.api.stop()
 
 
-def assert_complete(s: Setup, result) -> None:
-    assert result.returncode == 0, result.stdout + result.stderr
-    table = phase_table((s.ws / "STATE.md").read_text())
-    assert all(table[p.key] == "DONE" for p in PHASES), table
-
-
 def assert_billed(s: Setup, report: dict) -> None:
     """labrun counted exactly the tokens the fake billed, priced from its table, all estimated."""
     billed = s.billed()
@@ -141,7 +133,7 @@ def test_codex_six_phases_outlast_a_429_storm_and_cost_what_was_billed(setup_for
                                         "message": "Rate limit reached for requests per min."}}
     s = setup_for(CodexResearcher(faults={("setup", 0): [limited] * 3}))
     result = s.run()
-    assert_complete(s, result)
+    assert_complete(s.ws, result)
     said = " ".join(result.stderr.split())  # the terminal's lines are wrapped
     assert "codex: codex-cli 0.169.0" in said and "login: API key (CODEX_API_KEY)" in said
     assert "the API is busy or limiting" in said and "429" in said
@@ -159,14 +151,22 @@ def test_codex_six_phases_outlast_a_429_storm_and_cost_what_was_billed(setup_for
     assert not s.codexes()
 
 
+def usage_limit_reached() -> dict:
+    """A ChatGPT plan's spent usage limit, resetting a second from now: Codex says so to the
+    minute (`try again at 1:46 PM`), so labrun waits until that minute has passed."""
+    return {"status": 429, "error": {"type": "usage_limit_reached", "message": "The usage limit has been reached",
+                                     "resets_at": int(time.time()) + 1, "plan_type": "plus"}}
+
+
 def test_codex_kill_9_during_an_attempt_leaves_no_codex_and_the_resume_asks_nothing_finished(setup_for):
-    """The engine's process group is killed with SIGKILL while an experiment attempt runs.
+    """Planning meets a spent usage limit, waited out until the minute Codex names has
+    passed. Then the engine's process group is killed with SIGKILL while an experiment attempt runs.
     No codex process is left and no request reaches the API after the kill. The resume
     asks no finished phase again, continues the experiments thread with labrun's current
     instructions (the attempt now INTERRUPTED in its digest), and completes; the killed
     run's tokens are counted from Codex's own session record, so the session's usage is
     still exactly what was billed."""
-    s = setup_for(CodexResearcher(slow_experiment_s=600))
+    s = setup_for(CodexResearcher(faults={("planning", 0): [usage_limit_reached]}, slow_experiment_s=600))
     engine = s.start()
     try:
         wait_for(lambda: (s.ws / "results" / ".slow").exists(), timeout=300, what="the experiment attempt to run")
@@ -181,10 +181,14 @@ def test_codex_kill_9_during_an_attempt_leaves_no_codex_and_the_resume_asks_noth
     time.sleep(1)
     assert not s.posts(since=killed_at), "a request reached the API after the kill"
     assert "- Status: RUNNING" in (s.ws / "STATE.md").read_text()
+    assert "usage window spent" in (s.ws / "STATE.md").read_text()
+    limited, after = [r for r in s.posts() if phase_of(r["body"]) == "planning"][:2]
+    minute_end = (int(limited["time"]) // 60 + 1) * 60  # Codex names the reset's minute; it ends here
+    assert after["time"] >= minute_end - 0.05
 
     resumed_at = time.time()
     result = labrun("resume", str(s.ws), env=s.env)
-    assert_complete(s, result)
+    assert_complete(s.ws, result)
     asked = s.phases_asked(since=resumed_at)
     assert asked[0] == "experiments" and set(asked) == {"experiments", "analysis", "documentation"}
     first = s.posts(since=resumed_at)[0]["body"]

@@ -74,7 +74,7 @@ from zoneinfo import ZoneInfo
 from labrun import prompts
 from labrun.agents import AgentUnavailable
 from labrun.agents.cli_agent import (CliAgent, Finished, Outcome, Retrying, RunPlan, Started, Streamed,
-                                     ToolUsed, Verdict, Window, passed_env)
+                                     ToolUsed, Verdict, Window, passed_env, version)
 from labrun.usage import Usage
 from labrun.windows import clock
 
@@ -175,7 +175,7 @@ class ClaudeCodeAgent(CliAgent):
 
     def announce(self) -> str:
         login, _ = choose_login(self.auth)
-        said = f"claude-code: {version(self.executable)} ({self.executable}); login: {login}"
+        said = f"claude-code: {version(self.executable) or 'Claude Code (version unknown)'} ({self.executable}); login: {login}"
         if not can_sandbox():
             said += ("; its Bash commands can read that login: install bubblewrap and socat so that "
                      "Claude Code sandboxes them without it")
@@ -336,12 +336,3 @@ def has_option(executable: str, option: str) -> bool:
     except (OSError, subprocess.TimeoutExpired):
         return False
     return option in text
-
-
-@lru_cache(maxsize=8)
-def version(executable: str) -> str:
-    try:
-        said = subprocess.run([executable, "--version"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        said = ""
-    return said.strip() or "Claude Code (version unknown)"

@@ -718,6 +718,16 @@ def passed_env(names: Iterable[str] = (), prefixes: Iterable[str] = (), drop: It
             if k not in drop and (k in wanted or k.startswith("LC_") or k.startswith(prefixes))}
 
 
+@lru_cache(maxsize=8)
+def version(executable: str) -> str:
+    """What the CLI's `--version` says ("" when it says nothing)."""
+    try:
+        said = subprocess.run([executable, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        said = ""
+    return said.strip()
+
+
 # -- process lifetime --------------------------------------------------------------------------
 
 PR_SET_PDEATHSIG = 1

@@ -63,7 +63,7 @@ from typing import Any, Iterator
 from labrun import prompts
 from labrun.agents import AgentUnavailable
 from labrun.agents.cli_agent import (CliAgent, Finished, Outcome, Retrying, RunPlan, Started, ToolUsed, Verdict,
-                                     passed_env)
+                                     passed_env, version)
 from labrun.usage import Usage
 from labrun.windows import clock
 
@@ -162,7 +162,7 @@ class CodexAgent(CliAgent):
         return None  # on the command line, the token in the environment
 
     def announce(self) -> str:
-        return f"codex: {version(self.executable)} ({self.executable}); model {self.model}; login: {self.login}"
+        return f"codex: {version(self.executable) or 'Codex (version unknown)'} ({self.executable}); model {self.model}; login: {self.login}"
 
     # -- the events ------------------------------------------------------------------------------
 
@@ -345,12 +345,3 @@ def login(executable: str, home: str) -> str | None:
     if os.environ.get("OPENAI_API_KEY"):
         return "API key (OPENAI_API_KEY, passed on as CODEX_API_KEY): usage is billed to that key"
     return None
-
-
-@lru_cache(maxsize=8)
-def version(executable: str) -> str:
-    try:
-        said = subprocess.run([executable, "--version"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        said = ""
-    return said.strip() or "Codex (version unknown)"
