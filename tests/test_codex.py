@@ -55,12 +55,15 @@ def test_a_run_without_its_result_is_judged_from_stderr():
     assert judge(Outcome(exit_code=137, stderr="")).kind == "failed"
 
 
+def utc(*when: int) -> float:
+    return datetime(*when, tzinfo=timezone.utc).timestamp()
+
+
 def test_the_reset_time_is_read_to_the_end_of_its_minute_in_utc():
-    assert reset_from_text(UPGRADE + "2:52 PM.", now=NOW) == datetime(2026, 12, 1, 14, 53, tzinfo=timezone.utc).timestamp()
-    assert reset_from_text(UPGRADE + "1:10 PM.", now=NOW) == datetime(2026, 12, 2, 13, 11, tzinfo=timezone.utc).timestamp()
-    assert reset_from_text(UPGRADE + "Dec 4th, 2026 1:50 PM.", now=NOW) == datetime(
-        2026, 12, 4, 13, 51, tzinfo=timezone.utc).timestamp()
-    assert reset_from_text(UPGRADE + "12:05 AM.", now=NOW) == datetime(2026, 12, 2, 0, 6, tzinfo=timezone.utc).timestamp()
+    assert reset_from_text(UPGRADE + "2:52 PM.", now=NOW) == utc(2026, 12, 1, 14, 53)
+    assert reset_from_text(UPGRADE + "1:10 PM.", now=NOW) == utc(2026, 12, 2, 13, 11)  # past today: tomorrow
+    assert reset_from_text(UPGRADE + "Dec 4th, 2026 1:50 PM.", now=NOW) == utc(2026, 12, 4, 13, 51)
+    assert reset_from_text(UPGRADE + "12:05 AM.", now=NOW) == utc(2026, 12, 2, 0, 6)
     assert reset_from_text("Try again later.", now=NOW) is None
 
 

@@ -92,7 +92,8 @@ class Setup:
         total = {k: 0 for k in USAGE_FIELDS} | {"cost_usd": 0.0}
         for bill in self.api.billed:
             u = bill["usage"]
-            cached, written = u["input_tokens_details"]["cached_tokens"], u["input_tokens_details"]["cache_write_tokens"]
+            details = u["input_tokens_details"]
+            cached, written = details["cached_tokens"], details["cache_write_tokens"]
             usage = Usage(input_tokens=u["input_tokens"] - cached - written, output_tokens=u["output_tokens"],
                           cache_read_input_tokens=cached, cache_creation_input_tokens=written)
             for k in USAGE_FIELDS:

@@ -175,7 +175,8 @@ class ClaudeCodeAgent(CliAgent):
 
     def announce(self) -> str:
         login, _ = choose_login(self.auth)
-        said = f"claude-code: {version(self.executable) or 'Claude Code (version unknown)'} ({self.executable}); login: {login}"
+        known = version(self.executable) or "Claude Code (version unknown)"
+        said = f"claude-code: {known} ({self.executable}); login: {login}"
         if not can_sandbox():
             said += ("; its Bash commands can read that login: install bubblewrap and socat so that "
                      "Claude Code sandboxes them without it")

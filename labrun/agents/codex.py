@@ -162,7 +162,8 @@ class CodexAgent(CliAgent):
         return None  # on the command line, the token in the environment
 
     def announce(self) -> str:
-        return f"codex: {version(self.executable) or 'Codex (version unknown)'} ({self.executable}); model {self.model}; login: {self.login}"
+        said = version(self.executable) or "Codex (version unknown)"
+        return f"codex: {said} ({self.executable}); model {self.model}; login: {self.login}"
 
     # -- the events ------------------------------------------------------------------------------
 
