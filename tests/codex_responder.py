@@ -8,8 +8,9 @@ through `tool_search` when Codex defers them, as a model must). The phase is the
 `# Phase N of 6: key` heading in the request's messages (labrun's developer instructions,
 or the current ones an engine restart puts into the resume prompt); the next step is read
 from the conversation: a step whose call has a successful output is done, so a resumed or
-retried thread goes on where it stopped and a step that failed or was cut off (Codex answers
-a call the engine's death interrupted with `aborted`) is done again.
+retried thread goes on where it stopped and a step that failed or was cut off (on resume
+Codex answers a call the engine's death cut short itself, not with labrun's result) is done
+again.
 
 `faults={("setup", 0): [reply, ...]}` answers the first requests made at setup's step 0 with
 those replies (a rate-limit storm; a callable makes its reply when it is asked), the next
