@@ -1,7 +1,9 @@
 """What a model call costs: USD per million tokens, per model, and `cost_usd(model, usage)`.
 
 Built-in prices are Anthropic's list prices (https://platform.claude.com/docs/en/about-claude/pricing
-and each model's overview page), checked in November 2026. `cache_write` is the 5-minute
+and each model's overview page), checked in November 2026, and OpenAI's for the models
+Codex runs (https://developers.openai.com/api/docs/pricing, standard tier, as of November
+2026). `cache_write` is the 5-minute
 cache write, the only kind labrun asks for. A file named by `LABRUN_PRICES` (YAML or JSON,
 `{model: {input, output, cache_write, cache_read}}`) is merged over them, model by model,
 for new models, negotiated prices or a gateway's own. A model with no price costs 0, with one
@@ -54,6 +56,10 @@ BUILTIN_PRICES: dict[str, dict[str, Any]] = {
         0.10, 0.50, 0.125, 0.01,
         long_prompt={"threshold": 100_000, **_p(0.50, 2.50, 0.625, 0.05)},
     ),
+    # OpenAI: cached input is a tenth of input; writing the cache costs nothing extra (it is
+    # billed as input). Prompts over 272k tokens pay 2x input and 1.5x output for the whole
+    # request; not modelled here, since Codex reports a run's tokens summed over its requests.
+    "gpt-5.5": _p(5, 30, 5, 0.50),
 }
 
 _DATE_SUFFIX = re.compile(r"-\d{8}$")

@@ -44,6 +44,16 @@ def start_labrun(*args: str, env: dict | None = None) -> subprocess.Popen:
     )
 
 
+def assert_complete(ws: Path, result: subprocess.CompletedProcess) -> None:
+    """`labrun` ended well and STATE.md shows each of the six phases DONE."""
+    from labrun.phases import PHASES
+    from labrun.state import phase_table
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    table = phase_table((ws / "STATE.md").read_text())
+    assert all(table[p.key] == "DONE" for p in PHASES), table
+
+
 def wait_for(predicate, timeout: float = 120, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -20,12 +20,11 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from support import labrun, processes_with_env, start_labrun, wait_for  # noqa: E402
+from support import assert_complete, labrun, processes_with_env, start_labrun, wait_for  # noqa: E402
 
 from labrun.journal import Conversation  # noqa: E402
 from labrun.prices import cost_usd  # noqa: E402
 from labrun.usage import Usage  # noqa: E402
-from labrun.state import phase_table  # noqa: E402
 from labrun.phases import PHASES  # noqa: E402
 
 from auto_responder import IDEA  # noqa: E402  (the same small idea as the Anthropic tests)
@@ -162,12 +161,6 @@ def newest_attempt_and_its_parents():
         return attempt, parents
 
 
-def assert_complete(ws: Path, result) -> None:
-    assert result.returncode == 0, result.stdout + result.stderr
-    table = phase_table((ws / "STATE.md").read_text())
-    assert all(table[p.key] == "DONE" for p in PHASES), table
-
-
 # -- a whole session -------------------------------------------------------------------------
 
 
@@ -293,6 +286,12 @@ def test_a_spent_usage_window_is_waited_out_not_retried(idea, tmp_path, claude):
     assert_usage_is_what_claude_billed(ws)
 
 
+def plan_for(tmp_path: Path):
+    from labrun.agents.cli_agent import RunPlan
+
+    return RunPlan(tmp_path / "system.md", None, None, 7, timeout_s=60)
+
+
 def test_permissions_are_rules_unless_skipping_is_asked_for(monkeypatch, tmp_path):
     from labrun.agents import make_agent
     from labrun.agents.cli_agent import RunPlan
@@ -312,14 +311,14 @@ def test_permissions_are_rules_unless_skipping_is_asked_for(monkeypatch, tmp_pat
     assert not {"MultiEdit", "LS", "TodoWrite"} & set(granted)
     agent.known_tools = ["Bash", "Edit", "Read", "Write"]  # what a system/init event listed
     assert agent.argv(plan)[argv.index("--allowedTools") + 1] == "mcp__labrun,Bash,Read,Edit,Write"
-    assert "--dangerously-skip-permissions" not in argv and "IS_SANDBOX" not in agent.environment(60)
+    assert "--dangerously-skip-permissions" not in argv and "IS_SANDBOX" not in agent.environment(plan_for(tmp_path))
 
     monkeypatch.setenv("LABRUN_CLAUDE_PERMISSIONS", "skip")
     agent = make_agent("claude-code")
     argv = agent.argv(RunPlan(tmp_path / "system.md", tmp_path / "mcp.json", None, 7))
     assert "--dangerously-skip-permissions" in argv and "--allowedTools" not in argv and "--resume" not in argv
     monkeypatch.setattr(os, "geteuid", lambda: 0)  # as root, Claude Code wants IS_SANDBOX=1 for this
-    assert agent.environment(60)["IS_SANDBOX"] == "1"
+    assert agent.environment(plan_for(tmp_path))["IS_SANDBOX"] == "1"
 
 
 def test_claude_gets_a_scrubbed_environment_and_a_subscription_stays_one(monkeypatch, tmp_path):
@@ -336,7 +335,7 @@ def test_claude_gets_a_scrubbed_environment_and_a_subscription_stays_one(monkeyp
     monkeypatch.setenv("LABRUN_PASS_ENV", "DATASET_API_KEY")
     monkeypatch.delenv("LABRUN_CLAUDE_AUTH", raising=False)
     agent = make_agent("claude-code")
-    env = agent.environment(60)
+    env = agent.environment(plan_for(tmp_path))
     assert env["CLAUDE_CODE_OAUTH_TOKEN"] == "sk-ant-oat01-the-subscription"
     assert "ANTHROPIC_API_KEY" not in env  # it would switch the subscription onto API billing
     assert env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:9" and env["DATASET_API_KEY"] == "the-idea-needs-it"
@@ -348,12 +347,12 @@ def test_claude_gets_a_scrubbed_environment_and_a_subscription_stays_one(monkeyp
 
     monkeypatch.setenv("LABRUN_CLAUDE_AUTH", "api-key")  # asked for: the key is used
     agent = make_agent("claude-code")
-    assert agent.environment(60)["ANTHROPIC_API_KEY"] == "sk-ant-api03-exported-by-the-user"
+    assert agent.environment(plan_for(tmp_path))["ANTHROPIC_API_KEY"] == "sk-ant-api03-exported-by-the-user"
     assert "login: API key (ANTHROPIC_API_KEY)" in agent.announce()
     monkeypatch.delenv("LABRUN_CLAUDE_AUTH")
     monkeypatch.delenv("CLAUDE_CODE_OAUTH_TOKEN")  # no subscription: the key it is
     agent = make_agent("claude-code")
-    assert agent.environment(60)["ANTHROPIC_API_KEY"] == "sk-ant-api03-exported-by-the-user"
+    assert agent.environment(plan_for(tmp_path))["ANTHROPIC_API_KEY"] == "sk-ant-api03-exported-by-the-user"
     assert "login: API key" in agent.announce()
 
 

@@ -23,12 +23,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from claude_responder import ClaudeResearcher, phase_of, system_text  # noqa: E402
 from fake_messages_api import FakeMessagesAPI  # noqa: E402
-from support import REPO, labrun, processes_with_env, wait_for  # noqa: E402
+from support import REPO, assert_complete, labrun, processes_with_env, wait_for  # noqa: E402
 
 from auto_responder import IDEA  # noqa: E402
-from labrun.phases import PHASES  # noqa: E402
 from labrun.prices import cost_usd  # noqa: E402
-from labrun.state import phase_table  # noqa: E402
 from labrun.usage import Usage  # noqa: E402
 
 MODEL = "claude-sonnet-4-5"  # priced alike in labrun's table and in Claude Code's
@@ -164,12 +162,6 @@ def setup_for(tmp_path, prefect_api):
         s.api.stop()
 
 
-def assert_complete(s: Setup, result) -> None:
-    assert result.returncode == 0, result.stdout + result.stderr
-    table = phase_table((s.ws / "STATE.md").read_text())
-    assert all(table[p.key] == "DONE" for p in PHASES), table
-
-
 def test_six_phases_outlast_a_429_and_a_529_storm_and_cost_what_was_billed(setup_for):
     """API-key login. Setup meets an API key's rate limit (429s with a retry-after Claude Code
     will not wait for) and analysis a 529 overload: Claude Code retries and gives up, labrun
@@ -180,7 +172,7 @@ def test_six_phases_outlast_a_429_and_a_529_storm_and_cost_what_was_billed(setup
     overloaded = error(529, "overloaded_error", "Overloaded")
     s = setup_for(ClaudeResearcher(faults={("setup", 0): [rate_limited] * 3, ("analysis", 1): [overloaded] * 4}))
     result = s.run()
-    assert_complete(s, result)
+    assert_complete(s.ws, result)
     said = " ".join(result.stderr.split())  # the terminal's lines are wrapped
     assert "login: API key (ANTHROPIC_API_KEY)" in said and "claude-code: 2.1." in said
     # the CLI's own retries are shown, and the runs that gave up were retried by labrun
@@ -233,7 +225,7 @@ def test_kill_9_during_an_attempt_leaves_no_claude_and_the_resume_asks_nothing_f
 
     resumed_at = time.time()
     result = labrun("resume", str(s.ws), env=s.env)
-    assert_complete(s, result)
+    assert_complete(s.ws, result)
     asked = s.phases_asked(since=resumed_at)
     assert asked[0] == "experiments" and set(asked) == {"experiments", "analysis", "documentation"}
     first = next(r for r in s.api.requests if r["time"] >= resumed_at)

@@ -20,7 +20,9 @@ if TYPE_CHECKING:
     from labrun.tools import ToolBox
     from labrun.usage import Budget
 
-AGENTS = ("anthropic", "claude-code", "scripted")
+AGENTS = ("anthropic", "claude-code", "codex", "scripted")
+CLI_AGENTS = ("claude-code", "codex")
+"""The coding-CLI backends (`labrun.agents.cli_agent`)."""
 WEB_TOOLS = {"anthropic": ("web_search", "web_fetch"), "claude-code": ("WebSearch", "WebFetch")}
 """The web search and fetch tools each backend has (the Messages API's server tools, Claude
 Code's own); a phase declared `web` offers them."""
@@ -85,4 +87,8 @@ def make_agent(agent: str, model: str | None = None, workspace: str | Path | Non
         from labrun.agents.claude_code import ClaudeCodeAgent
 
         return ClaudeCodeAgent(model, workspace)
+    if agent == "codex":
+        from labrun.agents.codex import CodexAgent
+
+        return CodexAgent(model, workspace)
     raise AgentUnavailable(f"unknown agent {agent!r}; choose one of {', '.join(AGENTS)}")

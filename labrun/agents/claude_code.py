@@ -74,7 +74,7 @@ from zoneinfo import ZoneInfo
 from labrun import prompts
 from labrun.agents import AgentUnavailable
 from labrun.agents.cli_agent import (CliAgent, Finished, Outcome, Retrying, RunPlan, Started, Streamed,
-                                     ToolUsed, Verdict, Window, passed_env)
+                                     ToolUsed, Verdict, Window, passed_env, version)
 from labrun.usage import Usage
 from labrun.windows import clock
 
@@ -148,7 +148,7 @@ class ClaudeCodeAgent(CliAgent):
         known = self.known_tools
         return ["mcp__labrun"] + [t for t in WANTED_TOOLS if known is None or t in known]
 
-    def environment(self, timeout_s: float) -> dict[str, str]:
+    def environment(self, plan: RunPlan) -> dict[str, str]:
         login, dropped = choose_login(self.auth)
         prefixes = ["ANTHROPIC_", "CLAUDE_", "DISABLE_", "VERTEX_REGION_"]
         if os.environ.get("CLAUDE_CODE_USE_BEDROCK"):
@@ -162,7 +162,7 @@ class ClaudeCodeAgent(CliAgent):
         if can_sandbox():
             env.setdefault("CLAUDE_CODE_SUBPROCESS_ENV_SCRUB", "1")  # no credentials in its Bash
         env.setdefault("ENABLE_TOOL_SEARCH", "false")  # the MCP tools offered at once, no ToolSearch turn
-        env.setdefault("MCP_TOOL_TIMEOUT", str(int((timeout_s + 300) * 1000)))
+        env.setdefault("MCP_TOOL_TIMEOUT", str(int((plan.timeout_s + 300) * 1000)))
         if self.permissions == "skip" and hasattr(os, "geteuid") and os.geteuid() == 0:
             env["IS_SANDBOX"] = "1"  # Claude Code refuses to bypass permissions as root otherwise
         return env
@@ -175,7 +175,8 @@ class ClaudeCodeAgent(CliAgent):
 
     def announce(self) -> str:
         login, _ = choose_login(self.auth)
-        said = f"claude-code: {version(self.executable)} ({self.executable}); login: {login}"
+        known = version(self.executable) or "Claude Code (version unknown)"
+        said = f"claude-code: {known} ({self.executable}); login: {login}"
         if not can_sandbox():
             said += ("; its Bash commands can read that login: install bubblewrap and socat so that "
                      "Claude Code sandboxes them without it")
@@ -336,12 +337,3 @@ def has_option(executable: str, option: str) -> bool:
     except (OSError, subprocess.TimeoutExpired):
         return False
     return option in text
-
-
-@lru_cache(maxsize=8)
-def version(executable: str) -> str:
-    try:
-        said = subprocess.run([executable, "--version"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        said = ""
-    return said.strip() or "Claude Code (version unknown)"

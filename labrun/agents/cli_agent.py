@@ -39,15 +39,25 @@ The seam. A backend subclasses `CliAgent` and gives what differs between CLIs:
 - `name` (prefix of its files), `tools_note` (a template appended to the system prompt
   that maps labrun's tool names to the CLI's);
 - `argv(plan)`: the command line of one run (`RunPlan`: prompt file, MCP config file, the
-  session to resume or None, the turns left); the prompt goes on stdin;
+  session to resume or None, the turns left, the workspace, the tool server); the prompt
+  goes on stdin;
 - `write_mcp_config(server, phase_dir)`: the MCP server in the CLI's config format (the
-  default writes the `mcpServers` JSON that `server.mcp_config()` gives);
-- `environment(timeout_s)`: the scrubbed environment of a run (`passed_env` helps);
+  default writes the `mcpServers` JSON that `server.mcp_config()` gives; None: the CLI
+  takes it on its command line);
+- `environment(plan)`: the scrubbed environment of a run (`passed_env` helps);
 - `read(event)`: one parsed JSON line of its output as `Started`, `Streamed`, `ToolUsed`,
   `Retrying`, `Window` or `Finished` (any number, none for events that do not matter);
+  a `Finished` whose CLI reports the session's running token total, not the run's, says
+  so (`usage_total`), and labrun counts the change (from `counted_from` next time, when
+  the CLI will count on from another total);
 - `judge(outcome)`: how a run ended, as a `Verdict` (ok, transient, window, lost_session,
   logged_out, failed);
-- `announce()`: one line, said once per engine, on which login the CLI uses.
+- `announce()`: one line, said once per engine, on which login the CLI uses;
+- optionally `prompt(plan, text)` (what goes on stdin; a CLI that keeps a resumed
+  session's first instructions is given labrun's current ones here when `plan.renewed`)
+  and `recover(session_id, since)`: what a run that ended without its result was billed,
+  read from the CLI's own session records, as a `Finished` (None: unknown; what the run
+  streamed, if anything, then stands as estimated).
 """
 
 from __future__ import annotations
@@ -160,6 +170,12 @@ class Finished:
     model: str | None = None
     event: dict[str, Any] = field(default_factory=dict)
     """The CLI's own result event, for its backend's `judge`."""
+    usage_total: bool = False
+    """`usage` is the session's running total (tokens), not this run's: the run used the
+    change since the session's last total."""
+    counted_from: Usage | None = None
+    """The running total the session's next result counts from, when it is not `usage` (a
+    CLI killed mid-run restores a total that misses what it billed last)."""
 
 
 @dataclass
@@ -171,6 +187,7 @@ class Outcome:
     retries: list[Retrying] = field(default_factory=list)
     stopped: str | None = None
     """"timeout", "completed", "budget" or "engine" when labrun stopped the process."""
+    session_id: str | None = None
     exit_code: int | None = None
     stderr: str = ""
 
@@ -187,9 +204,17 @@ class Verdict:
 @dataclass
 class RunPlan:
     system_file: Path
-    mcp_config: Path
+    mcp_config: Path | None
     session_id: str | None
     turns_left: int
+    timeout_s: float = 0.0
+    """What is left of the phase's timeout when the run is planned."""
+    workspace: Path | None = None
+    server: ToolServer | None = None
+    """labrun's MCP tool server (its `url` and bearer `token`)."""
+    renewed: bool = False
+    """The session is resumed by an engine that rendered the phase's system prompt anew
+    (the STATE.md digest as it is now), and this is that engine's first run of it."""
 
 
 # -- the base ---------------------------------------------------------------------------------
@@ -210,7 +235,7 @@ class CliAgent:
     def argv(self, plan: RunPlan) -> list[str]:
         raise NotImplementedError
 
-    def environment(self, timeout_s: float) -> dict[str, str]:
+    def environment(self, plan: RunPlan) -> dict[str, str]:
         raise NotImplementedError
 
     def read(self, event: dict[str, Any]) -> Iterable[Any]:
@@ -227,7 +252,13 @@ class CliAgent:
         sandbox ends its commands' processes, and cannot nest in one, says no)."""
         return True
 
-    def write_mcp_config(self, server: ToolServer, phase_dir: Path) -> Path:
+    def prompt(self, plan: RunPlan, text: str) -> str:
+        return text
+
+    def recover(self, session_id: str | None, since: float) -> Finished | None:
+        return None
+
+    def write_mcp_config(self, server: ToolServer, phase_dir: Path) -> Path | None:
         path = phase_dir / f"{self.name}-mcp.json"
         write_atomic(path, json.dumps(server.mcp_config(), indent=2))
         path.chmod(0o600)
@@ -256,9 +287,12 @@ class CliAgent:
         timeout = float(os.environ.get("LABRUN_PHASE_TIMEOUT_S") or toolbox.session.time_limit_s)
         deadline = time.monotonic() + timeout
         close_orphaned_transcript(phase_dir, self.name)
+        if (cut := cut_run(convo)) is not None:  # the engine died in it: what the CLI recorded
+            self.settle(convo, budget, *cut)
         self.known_tools = known_tools(convo) or self.known_tools
         inbox: queue.Queue = queue.Queue()
         failures = 0
+        renew = True
         with ToolServer(inbox) as server:
             mcp_config = self.write_mcp_config(server, phase_dir)
             while toolbox.completed is None:
@@ -271,7 +305,11 @@ class CliAgent:
                 toolbox.session.ws.check_disk()
                 if not pending_texts(convo):
                     convo.add_user_text(prompts.nudge(phase, "; ".join(toolbox.missing()), order))
-                plan = RunPlan(system_file, mcp_config, current_session(convo), max_turns - turns)
+                session_id = current_session(convo)
+                plan = RunPlan(system_file, mcp_config, session_id, max_turns - turns,
+                               timeout_s=deadline - time.monotonic(), workspace=root, server=server,
+                               renewed=renew and session_id is not None)
+                renew = False
                 out, verdict = agent_run(self, toolbox, convo, inbox, plan, budget, deadline,
                                          phase=phase, number=len(transcripts(phase_dir, self.name)) + 1)
                 if toolbox.completed is not None:
@@ -303,20 +341,23 @@ class CliAgent:
     def run_once(self, toolbox: ToolBox, convo: Conversation, inbox: queue.Queue, plan: RunPlan,
                  budget: Budget, deadline: float) -> Outcome:
         phase, phase_dir = toolbox.phase.key, convo.path.parent
-        prompt = next_prompt(convo, phase, plan.session_id, list(toolbox.session.state.phases))
+        prompt = self.prompt(plan, next_prompt(convo, phase, plan.session_id, list(toolbox.session.state.phases)))
         argv = self.argv(plan)
         n, transcript = new_transcript(phase_dir, self.name)
         resume = f"resuming session {plan.session_id}" if plan.session_id else "new session"
+        started_at = time.time()
         convo.append({"kind": "reply", "stop_reason": None, "usage": Usage().model_dump(),
                       "content": [{"type": "text", "text": f"[{self.name} run {n}: {resume}]"}],
-                      "cli": {"run": n, "event": "start", "resume": plan.session_id, "transcript": transcript.name}})
+                      "cli": {"run": n, "event": "start", "resume": plan.session_id, "transcript": transcript.name,
+                              "at": started_at}})
         log.info("%s · %s run %d · %s", phase, self.name, n, resume)
         out = Outcome()
         stderr_path = transcript.with_suffix(".stderr")
-        env = self.environment(deadline - time.monotonic())
+        env = self.environment(plan)
         with open(stderr_path, "wb") as stderr:
             proc = spawn(argv, cwd=toolbox.root, env=env, stderr=stderr, namespace=self.needs_namespace(env))
-        write_line(transcript, {"type": "labrun", "event": "start", "run": n, "at": _now(), "argv": argv,
+        write_line(transcript, {"type": "labrun", "event": "start", "run": n, "at": _now(),
+                                "argv": [redact(a) for a in argv],
                                 "prompt": redact(prompt), "pid": proc.pid, "engine_pid": os.getpid()})
         threading.Thread(target=_feed, args=(proc, prompt), daemon=True).start()
         threading.Thread(target=_read, args=(proc, transcript, inbox), daemon=True).start()
@@ -366,7 +407,9 @@ class CliAgent:
         if redact(stderr_text) != stderr_text:
             stderr_path.write_text(redact(stderr_text))
         out.stderr = redact(stderr_text[-2000:])
-        if out.finished is not None:
+        if out.finished is None and self.settle(convo, budget, n, out.session_id or plan.session_id, started_at):
+            note = "billed as the CLI's own session records say"
+        elif out.finished is not None:
             note = "billed as its result says"
         else:
             why = {"timeout": "killed at the phase timeout", "completed": "stopped after complete_phase",
@@ -382,6 +425,7 @@ class CliAgent:
         """Act on one thing the CLI reported."""
         phase = toolbox.phase.key
         if isinstance(happening, Started):
+            out.session_id = happening.session_id
             record: dict[str, Any] = {"kind": "cli_session", "run": n, "session_id": happening.session_id}
             if happening.tools is not None:
                 record["tools"] = happening.tools
@@ -421,7 +465,16 @@ class CliAgent:
                             clock(happening.resets_at) if happening.resets_at else "?")
         elif isinstance(happening, Finished):
             out.finished = happening
-            budget.spend(record_result(convo, happening, streamed, n))
+            budget.spend(record_result(convo, happening, n))
+
+    def settle(self, convo: Conversation, budget: Budget, n: int, session_id: str | None, since: float) -> bool:
+        """Run `n` ended without its result: count what the CLI's own records say it was
+        billed, if they say. True when they did."""
+        found = self.recover(session_id, since)
+        if found is None:
+            return False
+        budget.spend(record_result(convo, found, n))
+        return True
 
     def serve(self, toolbox: ToolBox, convo: Conversation, call: ToolCall, call_id: str) -> None:
         """One MCP tool call, journaled like a model's: the call before it runs, its result
@@ -501,6 +554,23 @@ def cli_turns(convo: Conversation) -> int:
     return sum(finished.values()) + cut
 
 
+def cut_run(convo: Conversation) -> tuple[int, str | None, float] | None:
+    """The last run, when it has no result (the engine died in it): its number, its
+    session and when it started."""
+    last = None
+    for r in convo.records:
+        cli = r.get("cli") or {}
+        if r["kind"] == "reply" and cli.get("event") == "start":
+            last = cli
+        elif r["kind"] == "reply" and cli.get("event") == "result" and last and cli.get("run") == last["run"]:
+            last = None
+    if last is None:
+        return None
+    session = next((r.get("session_id") for r in reversed(convo.records)
+                    if r["kind"] == "cli_session" and r.get("run") == last["run"]), last.get("resume"))
+    return last["run"], session, float(last.get("at") or 0)
+
+
 def session_cost(convo: Conversation, session_id: str | None) -> float:
     """The session's running cost at its last result: what its next result counts from (a
     CLI restores its running total on resume, without runs that were killed)."""
@@ -513,23 +583,50 @@ def session_cost(convo: Conversation, session_id: str | None) -> float:
     return found
 
 
-def record_result(convo: Conversation, finished: Finished, streamed: dict[str, Usage], n: int) -> Usage:
+def session_tokens(convo: Conversation, session_id: str | None) -> Usage:
+    """The session's running token total at its last result that gave one (a CLI that
+    reports totals, not each run's)."""
+    found = Usage()
+    for r in convo.records:
+        cli = r.get("cli") or {}
+        if r["kind"] == "reply" and cli.get("event") == "result" and cli.get("session_id") == session_id \
+                and cli.get("total_usage") is not None:
+            found = Usage(**cli["total_usage"])
+    return found
+
+
+def streamed_usage(convo: Conversation, n: int) -> Usage:
+    """What run `n`'s streamed messages were counted as (estimates)."""
+    return sum((Usage(**r["usage"]) for r in convo.records if r["kind"] == "reply"
+                and (r.get("cli") or {}).get("event") == "message" and r["cli"].get("run") == n), Usage())
+
+
+def record_result(convo: Conversation, finished: Finished, n: int) -> Usage:
     """Journal what run `n` was billed, as the correction of its streamed estimates: the
-    run then sums to its bill exactly. Returns the correction (what is left to spend)."""
+    run then sums to its bill exactly. Returns the correction (what is left to spend). A
+    CLI that reports tokens only is priced from labrun's table, and all of it is marked
+    estimated."""
     billed = finished.usage.model_copy()
+    if finished.usage_total:
+        before = session_tokens(convo, finished.session_id)
+        billed = Usage(**{k: getattr(billed, k) - getattr(before, k) for k in TOKEN_FIELDS})
     if finished.total_cost_usd is not None:
         billed.cost_usd = add_usd(finished.total_cost_usd, -session_cost(convo, finished.session_id))
-    estimated = sum(streamed.values(), Usage())
+    estimated = streamed_usage(convo, n)
     if finished.total_cost_usd is None:  # a CLI that reports no money: labrun's prices
         billed.cost_usd = cost_usd(finished.model, billed) if finished.model else estimated.cost_usd
+        billed.estimated_usd = billed.cost_usd
     correction = Usage(**{k: getattr(billed, k) - getattr(estimated, k) for k in TOKEN_FIELDS},
-                       cost_usd=add_usd(billed.cost_usd, -estimated.cost_usd), estimated_usd=-estimated.estimated_usd)
+                       cost_usd=add_usd(billed.cost_usd, -estimated.cost_usd),
+                       estimated_usd=add_usd(billed.estimated_usd, -estimated.estimated_usd))
     convo.append({"kind": "reply", "stop_reason": finished.subtype, "usage": correction.model_dump(),
                   "content": [{"type": "text", "text": f"[result: {finished.subtype}, {finished.turns} turns, "
                                f"${billed.cost_usd:.4f}]"}],
                   "cli": {"run": n, "event": "result", "subtype": finished.subtype, "is_error": finished.is_error,
                           "num_turns": finished.turns, "session_id": finished.session_id,
-                          "total_cost_usd": finished.total_cost_usd, "billed": billed.model_dump()}})
+                          "total_cost_usd": finished.total_cost_usd, "billed": billed.model_dump(),
+                          "total_usage": (finished.counted_from or finished.usage).model_dump()
+                          if finished.usage_total else None}})
     return correction
 
 
@@ -619,6 +716,16 @@ def passed_env(names: Iterable[str] = (), prefixes: Iterable[str] = (), drop: It
     wanted, prefixes, drop = set(ALWAYS_PASSED) | set(names) | extra, tuple(prefixes), set(drop)
     return {k: v for k, v in os.environ.items()
             if k not in drop and (k in wanted or k.startswith("LC_") or k.startswith(prefixes))}
+
+
+@lru_cache(maxsize=8)
+def version(executable: str) -> str:
+    """What the CLI's `--version` says ("" when it says nothing)."""
+    try:
+        said = subprocess.run([executable, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        said = ""
+    return said.strip()
 
 
 # -- process lifetime --------------------------------------------------------------------------

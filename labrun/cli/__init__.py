@@ -32,7 +32,9 @@ environment:
   LABRUN_MODEL             the model when --model is not given (default {DEFAULT_MODEL})
   LABRUN_CLAUDE            the claude executable of the claude-code agent (default claude)
   LABRUN_CLAUDE_PERMISSIONS=skip   claude-code with --dangerously-skip-permissions
-  LABRUN_PHASE_TIMEOUT_S   a claude-code phase's time limit (default: the idea's time_limit)
+  LABRUN_CODEX             the codex executable of the codex agent (default codex)
+  CODEX_HOME               Codex's login and sessions (default ~/.codex); CODEX_API_KEY an API key
+  LABRUN_PHASE_TIMEOUT_S   a coding-CLI phase's time limit (default: the idea's time_limit)
   LABRUN_PASS_ENV          NAME,... environment variables passed on to the agent's commands
   LABRUN_MIN_FREE_MB       free disk below which a session stops before its next step (100)
   LABRUN_CONTEXT_MANAGEMENT=off    no server-side context editing (anthropic agent)
@@ -134,7 +136,7 @@ def parser() -> argparse.ArgumentParser:
                      "a resumed one keeps its own)")
     run.add_argument("--model", default=None,
                      help=f"the model (default: for anthropic $LABRUN_MODEL, else {DEFAULT_MODEL}; for "
-                     "claude-code, claude's own; a resumed session keeps its own)")
+                     "claude-code, claude's own; for codex, gpt-5.5; a resumed session keeps its own)")
     run.add_argument("--with", dest="with_phases", default="", metavar="PHASE,...",
                      help="optional phases to run besides the six research phases: resources, paper "
                      "(default: those the idea asks for)")

@@ -147,7 +147,7 @@ def _nothing_to_do(root: Path, args) -> bool:
 def _check_agent(run: Run) -> None:
     """The agent's credentials and executable, and a price for a budgeted model, before any
     server starts."""
-    from labrun.agents import AgentUnavailable
+    from labrun.agents import CLI_AGENTS, AgentUnavailable
 
     stored = _stored_state(Path(run.workspace))
     effective = run.agent or (stored.agent if stored else None)
@@ -164,11 +164,11 @@ def _check_agent(run: Run) -> None:
             require_priced(effective, run.model or (stored.model if stored else None), budget)
         except Exception as e:
             raise CliError(str(e)) from None
-    if effective == "claude-code":
+    if effective in CLI_AGENTS:
         from labrun.agents import make_agent
 
         try:
-            make_agent(effective, run.model)  # finds `claude`, or says how to install it
+            make_agent(effective, run.model, run.workspace)  # finds the CLI and its login, or says how to get them
         except AgentUnavailable as e:
             raise CliError(str(e)) from None
 

@@ -1,0 +1,218 @@
+"""The Codex backend against the real `codex` CLI (`@openai/codex`, pinned and installed by
+`.ci/install-agent-clis`), pointed at the tests' own scripted Responses API
+(`fake_responses_api.py` with `codex_responder.CodexResearcher` playing the model).
+
+Each test runs `labrun` as a user would, with `--agent codex`: an API key in
+CODEX_API_KEY, CODEX_HOME in a temporary directory (Codex keeps its sessions there),
+OPENAI_BASE_URL at the fake (labrun gives it to Codex as `openai_base_url`). labrun's
+back-off starts at 0.2 s, so storms stay short.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from agent_clis import INSTALL, PREFIX  # noqa: E402
+from auto_responder import IDEA  # noqa: E402
+from codex_responder import MODEL, CodexResearcher, phase_of, texts  # noqa: E402
+from fake_responses_api import FakeResponsesAPI  # noqa: E402
+from support import assert_complete, labrun, processes_with_env, wait_for  # noqa: E402
+
+from labrun.prices import cost_usd  # noqa: E402
+from labrun.usage import Usage  # noqa: E402
+
+USAGE_FIELDS = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+API_KEY = "sk-proj-test-key-for-the-fake-responses-api-0000"
+LAUNCHER = PREFIX / "node_modules/.bin/codex"
+
+pytestmark = pytest.mark.skipif(not LAUNCHER.exists(), reason=f"the real Codex CLI is not installed: {INSTALL} "
+                                "(npm), or point LABRUN_AGENT_CLIS at their prefix")
+
+
+class Setup:
+    """The fake API, the environment of `labrun`, and the test's CODEX_HOME."""
+
+    def __init__(self, tmp_path: Path, responder: CodexResearcher):
+        self.tmp = tmp_path
+        self.api = FakeResponsesAPI(default=responder).start()
+        self.home = tmp_path / "codex-home"
+        self.home.mkdir()
+        (tmp_path / "home").mkdir()
+        self.idea = tmp_path / "idea.yaml"
+        self.idea.write_text(IDEA)
+        self.ws = tmp_path / "ws"
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "CODEX_"))}
+        self.env.update({
+            "LABRUN_CODEX": str(LAUNCHER), "CODEX_HOME": str(self.home), "CODEX_API_KEY": API_KEY,
+            "OPENAI_BASE_URL": f"{self.api.url}/v1", "HOME": str(tmp_path / "home"),
+            "LABRUN_RETRY_BASE_S": "0.2", "LABRUN_MIN_WINDOW_WAIT_S": "0", "LABRUN_PHASE_TIMEOUT_S": "",
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        })
+
+    def argv(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "labrun.cli", *args]
+
+    def run(self):
+        return labrun("run", str(self.idea), "--workspace", str(self.ws), "--agent", "codex", "--model", MODEL,
+                      env=self.env)
+
+    def start(self) -> subprocess.Popen:
+        return subprocess.Popen(self.argv("run", str(self.idea), "--workspace", str(self.ws), "--agent", "codex",
+                                          "--model", MODEL),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env,
+                                start_new_session=True)
+
+    def codexes(self) -> list[int]:
+        """codex and what it started (its commands keep TMPDIR, which only labrun's
+        environment for codex sets to the workspace's)."""
+        return processes_with_env(f"TMPDIR={self.ws / '.labrun' / 'tmp'}")
+
+    def status(self) -> dict:
+        done = labrun("status", str(self.ws), "--json", env=self.env)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    def posts(self, since: float = 0.0) -> list[dict]:
+        return [r for r in self.api.requests if r["method"] == "POST" and r["time"] >= since]
+
+    def phases_asked(self, since: float = 0.0) -> list[str]:
+        return [phase_of(r["body"]) for r in self.posts(since)]
+
+    def billed(self) -> dict:
+        """What the fake API billed, in labrun's token fields, and its price at the model's."""
+        total = {k: 0 for k in USAGE_FIELDS} | {"cost_usd": 0.0}
+        for bill in self.api.billed:
+            u = bill["usage"]
+            details = u["input_tokens_details"]
+            cached, written = details["cached_tokens"], details["cache_write_tokens"]
+            usage = Usage(input_tokens=u["input_tokens"] - cached - written, output_tokens=u["output_tokens"],
+                          cache_read_input_tokens=cached, cache_creation_input_tokens=written)
+            for k in USAGE_FIELDS:
+                total[k] += getattr(usage, k)
+            total["cost_usd"] += cost_usd(bill["model"], usage)
+        return total
+
+
+@pytest.fixture
+def setup_for(tmp_path, prefect_api):
+    made = []
+
+    def make(responder: CodexResearcher) -> Setup:
+        made.append(Setup(tmp_path, responder))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.api.stop()
+
+
+def assert_billed(s: Setup, report: dict) -> None:
+    """labrun counted exactly the tokens the fake billed, priced from its table, all estimated."""
+    billed = s.billed()
+    assert billed["cost_usd"] > 0
+    for k in USAGE_FIELDS:
+        assert report["usage"][k] == billed[k], k
+    assert report["usage"]["cost_usd"] == pytest.approx(billed["cost_usd"], rel=1e-9)
+    assert report["usage"]["estimated_usd"] == pytest.approx(report["usage"]["cost_usd"], rel=1e-9)
+
+
+def test_codex_six_phases_outlast_a_429_storm_and_cost_what_was_billed(setup_for):
+    """Setup meets an API key's rate limit: 429s without retry-after, which Codex does not
+    retry. labrun backs off and runs it again, without counting a failure, and the session
+    completes. Its usage is exactly what the fake billed, priced from labrun's table and
+    marked estimated (Codex reports tokens only)."""
+    limited = {"status": 429, "error": {"type": "requests", "code": "rate_limit_exceeded",
+                                        "message": "Rate limit reached for requests per min."}}
+    s = setup_for(CodexResearcher(faults={("setup", 0): [limited] * 3}))
+    result = s.run()
+    assert_complete(s.ws, result)
+    said = " ".join(result.stderr.split())  # the terminal's lines are wrapped
+    assert "codex: codex-cli 0.169.0" in said and "login: API key (CODEX_API_KEY)" in said
+    assert "the API is busy or limiting" in said and "429" in said
+    assert "run failed" not in said
+    assert_billed(s, s.status())
+
+    posts = s.posts()
+    assert all(r["headers"].get("authorization") == f"Bearer {API_KEY}" for r in posts)
+    assert all(r["body"]["model"] == MODEL for r in posts)
+    # setup's shell ran `env`: Codex's key and labrun's MCP token stay out of its commands
+    setup_outputs = json.dumps([i for r in posts if phase_of(r["body"]) == "setup" for i in r["body"]["input"]
+                                if i.get("type") == "function_call_output"])
+    assert "PATH=" in setup_outputs and API_KEY not in setup_outputs and "LABRUN_MCP_TOKEN" not in setup_outputs
+    assert "CODEX_API_KEY" not in setup_outputs
+    assert not s.codexes()
+
+
+def usage_limit_reached() -> dict:
+    """A ChatGPT plan's spent usage limit, resetting a second from now: Codex says so to the
+    minute (`try again at 1:46 PM`), so labrun waits until that minute has passed."""
+    return {"status": 429, "error": {"type": "usage_limit_reached", "message": "The usage limit has been reached",
+                                     "resets_at": int(time.time()) + 1, "plan_type": "plus"}}
+
+
+def test_codex_kill_9_during_an_attempt_leaves_no_codex_and_the_resume_asks_nothing_finished(setup_for):
+    """Planning meets a spent usage limit, waited out until the minute Codex names has
+    passed. Then the engine's process group is killed with SIGKILL while an experiment attempt runs.
+    No codex process is left and no request reaches the API after the kill. The resume
+    asks no finished phase again, continues the experiments thread with labrun's current
+    instructions (the attempt now INTERRUPTED in its digest), and completes; the killed
+    run's tokens are counted from Codex's own session record, so the session's usage is
+    still exactly what was billed."""
+    s = setup_for(CodexResearcher(faults={("planning", 0): [usage_limit_reached]}, slow_experiment_s=600))
+    engine = s.start()
+    try:
+        wait_for(lambda: (s.ws / "results" / ".slow").exists(), timeout=300, what="the experiment attempt to run")
+        assert s.codexes(), "codex runs"
+        killed_at = time.time()
+        os.killpg(engine.pid, signal.SIGKILL)
+        engine.communicate(timeout=60)
+    finally:
+        if engine.poll() is None:
+            os.killpg(engine.pid, signal.SIGKILL)
+    wait_for(lambda: not s.codexes(), timeout=5, what="every codex process to end with the engine")
+    time.sleep(1)
+    assert not s.posts(since=killed_at), "a request reached the API after the kill"
+    assert "- Status: RUNNING" in (s.ws / "STATE.md").read_text()
+    assert "usage window spent" in (s.ws / "STATE.md").read_text()
+    limited, after = [r for r in s.posts() if phase_of(r["body"]) == "planning"][:2]
+    minute_end = (int(limited["time"]) // 60 + 1) * 60  # Codex names the reset's minute; it ends here
+    assert after["time"] >= minute_end - 0.05
+
+    resumed_at = time.time()
+    result = labrun("resume", str(s.ws), env=s.env)
+    assert_complete(s.ws, result)
+    asked = s.phases_asked(since=resumed_at)
+    assert asked[0] == "experiments" and set(asked) == {"experiments", "analysis", "documentation"}
+    first = s.posts(since=resumed_at)[0]["body"]
+    assert "INTERRUPTED" in texts(first)[-1]  # labrun's current digest, in the resume prompt
+    assert any(i.get("type") == "tool_search_output" for i in first["input"])  # the same thread, resumed
+    report = s.status()
+    assert [a["status"] for a in report["attempts"]] == ["INTERRUPTED", "SUCCESS"]
+    assert_billed(s, report)
+    assert not s.codexes()
+
+
+def test_a_missing_or_logged_out_codex_is_one_line_saying_what_to_do(tmp_path):
+    """Before anything starts: no codex on PATH says how to install it; a CODEX_HOME with no
+    login and no key says how to log in."""
+    (tmp_path / "idea.yaml").write_text(IDEA)
+    (tmp_path / "codex-home").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "CODEX_"))}
+    env.update({"CODEX_HOME": str(tmp_path / "codex-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
+    run = ("run", str(tmp_path / "idea.yaml"), "--workspace", str(tmp_path / "ws"), "--agent", "codex")
+    for exe, says in [(str(tmp_path / "nowhere" / "codex"), "npm install -g @openai/codex"),
+                      (str(LAUNCHER), "Codex is not logged in")]:
+        result = labrun(*run, env={**env, "LABRUN_CODEX": exe})
+        assert result.returncode != 0
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and says in lines[0] and "Traceback" not in result.stderr, result.stderr
+    assert "codex login" in lines[0] and "CODEX_API_KEY" in lines[0]
