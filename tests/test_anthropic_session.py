@@ -500,15 +500,17 @@ def test_a_budget_on_a_model_with_no_price_refuses_to_start_and_says_how_to_pric
 
     api = serve(AutoResearcher())
     ws = tmp_path / "ws"
-    # The idea's own budget ($5) is a budget: a Bedrock-style name has no price.
-    result = cli("run", str(idea), "--workspace", str(ws), "--agent", "anthropic", "--model", "anthropic.claude-x-v1:0")
+    # The agent's budget ($5) needs a price, and a Bedrock-style name has none.
+    result = cli("run", str(idea), "--workspace", str(ws), "--agent", "anthropic", "--model", "anthropic.claude-x-v1:0",
+                 "--budget-usd", "5")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     (line,) = [l for l in result.stderr.splitlines() if l.startswith("labrun:")]
     assert "no price is known for model 'anthropic.claude-x-v1:0'" in line and "LABRUN_PRICES" in line
     assert not api.requests and not ws.exists()  # nothing asked, nothing written
 
     # A deployment run (no command line) refuses too, before any model call.
-    state = research_session(str(idea), str(ws), "anthropic", "anthropic.claude-x-v1:0", return_state=True)
+    state = research_session(str(idea), str(ws), "anthropic", "anthropic.claude-x-v1:0", budget_usd=5.0,
+                             return_state=True)
     assert state.is_failed() and "LABRUN_PRICES" in state.message and not api.requests
 
     prices = tmp_path / "prices.yaml"

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace as NS
 
@@ -32,16 +34,17 @@ NEEDS_TEX = pytest.mark.skipif(
 
 @pytest.fixture
 def no_tex(tmp_path, monkeypatch):
-    """The PATH with every TeX program hidden: a folder of links to everything else on it."""
-    farm = tmp_path / "bin-without-tex"
-    farm.mkdir()
+    """The PATH with every TeX program hidden: a folder of links to everything else on it
+    (outside /tmp, which the sandbox of the agent's commands replaces with its own)."""
+    farm = Path(tempfile.mkdtemp(prefix="labrun-bin-without-tex-", dir="/var/tmp"))
     for folder in os.environ["PATH"].split(os.pathsep):
         for entry in Path(folder).glob("*") if Path(folder).is_dir() else []:
             if entry.name not in TEX_BINARIES and not (farm / entry.name).exists():
                 (farm / entry.name).symlink_to(entry)
     monkeypatch.setenv("PATH", str(farm))
     assert latex.toolchain() is None
-    return farm
+    yield farm
+    shutil.rmtree(farm, ignore_errors=True)
 
 
 def session_for(root: Path, style: str = "plain", agent: str = "anthropic") -> NS:

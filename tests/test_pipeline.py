@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from support import DEMO_IDEA, group_alive, start_labrun, wait_for
+from labrun.sandbox import bubblewrap
 from test_paper import no_tex  # noqa: F401  (a fixture)
 from test_anthropic_session import cli, serve  # noqa: F401  (fixtures)
 
@@ -127,8 +128,10 @@ def test_kill_9_in_each_new_phase_then_resume_and_a_fresh_run_skips_all_eight(tm
         pgid = running_attempt()
     kill(proc)
     assert runs(ws)["resources"] == 2 and runs(ws)["documentation"] == 1
-    if pgid:
-        assert group_alive(pgid)
+    if pgid and bubblewrap():  # the sandbox dies with the engine (--die-with-parent)
+        wait_for(lambda: not group_alive(pgid), timeout=10, what="the latexmk attempt to die with the engine")
+    elif pgid:
+        assert group_alive(pgid)  # unsandboxed, the command outlives the engine
 
     result = start_labrun("resume", str(ws))
     out, err = result.communicate(timeout=300)

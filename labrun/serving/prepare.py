@@ -98,7 +98,25 @@ def ensure_zombie_automation(crash_after_s: int = DEFAULT_CRASH_AFTER_S) -> str:
         if not found:
             client.create_automation(wanted)
             return f"created automation {ZOMBIE_AUTOMATION!r} (Crashed after {crash_after_s} s without a heartbeat)"
-        client.update_automation(found[0].id, wanted)
+        # An update starts the automation's windows afresh, which would forget the heartbeats
+        # of runs left in flight when the server stopped: update only what changed.
+        if _definition(found[0]) != _definition(wanted):
+            client.update_automation(found[0].id, wanted)
         for extra in found[1:]:
             client.delete_automation(extra.id)
     return f"automation {ZOMBIE_AUTOMATION!r}: Crashed after {crash_after_s} s without a heartbeat"
+
+
+def _definition(automation) -> object:
+    """What an automation does, comparable between the one stored and the one wanted: no ids
+    (a new trigger gets a new one), and sets in order."""
+    def normal(value):
+        if isinstance(value, dict):
+            return {k: normal(v) for k, v in value.items() if k != "id"}
+        if isinstance(value, list):
+            items = [normal(v) for v in value]
+            return sorted(items) if all(isinstance(v, str) for v in items) else items
+        return value
+
+    return normal(automation.model_dump(mode="json", include={"name", "description", "enabled",
+                                                              "trigger", "actions"}))
