@@ -1,4 +1,4 @@
-"""Load: twenty sessions through one Prefect server (SQLite), eight at once.
+"""Load: twenty sessions (LABRUN_LOAD_SESSIONS) through one Prefect server, eight at once.
 
 Every session must complete with nothing lost or done twice: each of the six phases DONE
 and run once, the scripted agent's attempts exactly [1 FAILED, 2 SUCCESS], each phase task
@@ -37,7 +37,8 @@ from labrun.serving import submit
 
 from e2e_helpers import FINAL, REPO, UUID_RE, client, idea_copy, labrun, status_json
 
-SESSIONS = 20
+SESSIONS = int(os.environ.get("LABRUN_LOAD_SESSIONS", "20"))
+"""Sessions in all (CI runs twelve: eight at once, and every slot filled again)."""
 CONCURRENCY = int(os.environ.get("LABRUN_LOAD_CONCURRENCY", "8"))
 """Sessions at once (the `sessions` work queue's limit; `labrun server` defaults to 4).
 Measured on two cores (while another test run shared them), SQLite: 4 at once, 3.7
@@ -52,7 +53,7 @@ stretch each run (at 8, about two slot requests a run of this test already fail 
 HTTP error, the server logging no 500: a 503 after their client's five retries; labrun's
 model_api_slot() asks once more, and a second failure would fail the session)."""
 WAIT_S = 900
-"""At most 15 minutes for all twenty, from the submission on."""
+"""At most 15 minutes for all of them, from the submission on."""
 PHASE_TASKS = ("1-planning", "2-setup", "3-implementation", "4-experiments", "5-analysis",
                "6-documentation")
 LOCKED = "database is locked"
@@ -216,9 +217,9 @@ def _count(log: Path, since: int, pattern: str) -> int:
         return sum(pattern in line for line in f.read().decode(errors="replace").splitlines())
 
 
-def test_twenty_sessions_through_one_server(load_server, tmp_path):
+def test_sessions_through_one_server_eight_at_once(load_server, tmp_path):
     ideas = tmp_path / "ideas"
-    for i in range(SESSIONS):  # twenty ideas: new titles, new content, a workspace each
+    for i in range(SESSIONS):  # new ideas: new titles, new content, a workspace each
         idea_copy(ideas, f"load-{i:02d}.yaml",
                   f"Load test {i:02d}: does averaging k noisy measurements cut the RMSE as 1/sqrt(k)?")
     root = tmp_path / "workspaces"
