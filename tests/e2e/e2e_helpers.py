@@ -54,14 +54,19 @@ def task_runs(flow_run_id) -> list[Any]:
 
 def latest_task_states(flow_run_id, since=None) -> dict[str, str]:
     """Task run name → state name of the newest task run of that name (after `since`, a
-    datetime)."""
-    found: dict[str, tuple[Any, str]] = {}
-    for t in task_runs(flow_run_id):
-        if since is not None and t.created < since:
-            continue
-        if t.name not in found or t.created > found[t.name][0]:
-            found[t.name] = (t.created, t.state.name if t.state else "")
-    return {k: v for k, (_, v) in found.items()}
+    datetime). The server records task runs from events, a moment after they happen: this
+    waits (up to 30 s) for every one to be final."""
+    deadline = time.monotonic() + 30
+    while True:
+        found: dict[str, Any] = {}
+        for t in task_runs(flow_run_id):
+            if since is not None and t.created < since:
+                continue
+            if t.name not in found or t.created > found[t.name].created:
+                found[t.name] = t
+        if all(t.state and t.state.is_final() for t in found.values()) or time.monotonic() > deadline:
+            return {name: t.state.name if t.state else "" for name, t in found.items()}
+        time.sleep(0.5)
 
 
 def status_json(workspace: Path, env: dict[str, str]) -> dict[str, Any]:
