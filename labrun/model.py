@@ -39,8 +39,6 @@ class ModelReply(BaseModel):
 
 class Model(Protocol):
     name: str
-    """Settings that change what the model does (name, limits); part of a phase's version."""
-    settings: dict[str, Any]
 
     def complete(self, request: ModelRequest) -> ModelReply: ...
 

@@ -38,7 +38,6 @@ class LimitedModel:
     def __init__(self, model: Model):
         self.model = model
         self.name = model.name
-        self.settings = model.settings
 
     def complete(self, request: ModelRequest) -> ModelReply:
         with model_api_slot():

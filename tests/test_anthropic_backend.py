@@ -336,7 +336,7 @@ def test_context_management_is_on_by_default_with_its_beta(api):
     assert CONTEXT_MANAGEMENT_BETA in sent["headers"]["anthropic-beta"]
     (edit,) = sent["body"]["context_management"]["edits"]
     assert edit["type"] == "clear_tool_uses_20250919" and edit["trigger"]["type"] == "input_tokens"
-    assert model.settings["context_management"] == sent["body"]["context_management"]
+    assert model.context_management == sent["body"]["context_management"]
 
 
 def test_context_management_can_be_turned_off(api, monkeypatch):
@@ -346,7 +346,7 @@ def test_context_management_can_be_turned_off(api, monkeypatch):
     model.complete(request())
     (sent,) = api.requests
     assert "context_management" not in sent["body"] and "anthropic-beta" not in sent["headers"]
-    assert sent["path"] == "/v1/messages" and model.settings["context_management"] is None
+    assert sent["path"] == "/v1/messages" and model.context_management is None
 
 
 def test_the_model_comes_from_the_argument_then_labrun_model_then_the_default(api, monkeypatch):
@@ -354,7 +354,7 @@ def test_the_model_comes_from_the_argument_then_labrun_model_then_the_default(ap
     monkeypatch.setenv("LABRUN_MODEL", "claude-sonnet-5-5")
     assert AnthropicModel().name == "claude-sonnet-5-5"
     model = AnthropicModel("claude-haiku-5-5")
-    assert model.name == model.settings["model"] == "claude-haiku-5-5"
+    assert model.name == "claude-haiku-5-5"
 
 
 def test_a_model_pickles_without_its_client(api):

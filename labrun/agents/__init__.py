@@ -11,7 +11,7 @@ from `ModelAgent`; an agent with its own loop (a coding CLI) implements `run_pha
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from labrun.model import Model
 
@@ -37,9 +37,6 @@ class AgentUnavailable(Exception):
 
 
 class Agent(Protocol):
-    settings: dict[str, Any]
-    """What changes the agent's work (kind, model, limits that matter); part of a phase's version."""
-
     def run_phase(self, toolbox: "ToolBox", convo: "Conversation", system: str, max_turns: int,
                   budget: "Budget") -> None: ...
 
@@ -49,7 +46,6 @@ class ModelAgent:
 
     def __init__(self, model: Model):
         self.model = model
-        self.settings = dict(model.settings)
 
     def run_phase(self, toolbox, convo, system, max_turns, budget) -> None:
         from labrun.turns import run_turns

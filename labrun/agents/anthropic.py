@@ -102,7 +102,6 @@ class AnthropicModel:
             raise FatalModelError(str(err)) from None
         self.name = model_name(model)
         self.context_management = _context_management_setting(context_management)
-        self.settings: dict[str, Any] = {"model": self.name, "context_management": self.context_management}
         self._timeout = timeout
         self._client: anthropic.Anthropic | None = None
 

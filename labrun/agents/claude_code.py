@@ -59,7 +59,6 @@ default 120), `LABRUN_CLI_PIDNS=off` (no PID namespace).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
@@ -71,7 +70,6 @@ from pathlib import Path
 from typing import Any, Iterator
 from zoneinfo import ZoneInfo
 
-from labrun import prompts
 from labrun.agents import AgentUnavailable
 from labrun.agents.cli_agent import (CliAgent, Finished, Outcome, Retrying, RunPlan, Started, Streamed,
                                      ToolUsed, Verdict, Window, passed_env, version)
@@ -121,8 +119,6 @@ class ClaudeCodeAgent(CliAgent):
         if self.auth not in ("auto", "subscription", "api-key"):
             raise AgentUnavailable(f"LABRUN_CLAUDE_AUTH={self.auth!r}: use `auto`, `subscription` or `api-key`")
         self.snapshot_off = has_option(found, "--system-prompt-snapshot")  # asked once, before any phase
-        note, _, _ = prompts.env.loader.get_source(prompts.env, TOOLS_NOTE)
-        self.settings = {"model": model, "tools_note": hashlib.sha256(note.encode()).hexdigest()[:12]}
 
     # -- the command line and the environment ---------------------------------------------------
 

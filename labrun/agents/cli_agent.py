@@ -228,7 +228,6 @@ class CliAgent:
     def __init__(self, executable: str):
         self.executable = executable
         self.known_tools: list[str] | None = None
-        self.settings: dict[str, Any] = {}
 
     # what a backend gives
 

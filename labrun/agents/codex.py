@@ -48,7 +48,6 @@ variable), `CODEX_HOME`, `LABRUN_PHASE_TIMEOUT_S`, `LABRUN_CLI_GRACE_S`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -100,8 +99,6 @@ class CodexAgent(CliAgent):
         self.login = login(self.executable, str(self.home))
         if self.login is None:
             raise AgentUnavailable(NOT_LOGGED_IN.format(said=f" (no login in {self.home})", then=""))
-        note, _, _ = prompts.env.loader.get_source(prompts.env, TOOLS_NOTE)
-        self.settings = {"model": self.model, "tools_note": hashlib.sha256(note.encode()).hexdigest()[:12]}
         self.thread: str | None = None  # of the run being read
         self.steps = 0
 

@@ -360,7 +360,6 @@ class ScriptedModel:
     name = "scripted"
 
     def __init__(self, workspace: str | Path | None = None, latency_s: float | None = None):
-        self.settings = {"model": "scripted", "script": 1}
         self.latency_s = float(os.environ.get("LABRUN_SCRIPTED_LATENCY_S", "0")) if latency_s is None else latency_s
         self.faults_dir = Path(workspace) / ".labrun" / "faults" if workspace else None
         self.faults = dict(
