@@ -15,7 +15,6 @@ Run: `python bench/overhead.py [--repeat N]` (uses a throwaway Prefect home).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -23,12 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from prefect_env import REPO  # sets Prefect's environment: import it before Prefect or labrun
 sys.path.insert(0, str(REPO))
-os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="labrun-bench-"))
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-os.environ["PREFECT_LOGGING_LEVEL"] = "WARNING"
 
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402

@@ -12,18 +12,13 @@ Run: `python bench/rerun.py` (uses a throwaway Prefect home).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="labrun-bench-"))
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-os.environ["PREFECT_LOGGING_LEVEL"] = "WARNING"
+from prefect_env import REPO  # sets Prefect's environment: import it before Prefect or labrun
 
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
