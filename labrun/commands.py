@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from labrun.sandbox import Sandbox
+from labrun.sandbox import Sandbox, bubblewrap
 from labrun.secrets import redact, scrubbed_env
 
 
@@ -52,19 +52,30 @@ def run_command(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     argv = ["bash", "-c", command]
     env = scrubbed_env()
-    if sandbox is not None and (wrapped := sandbox.wrap(argv)) != argv:
-        argv, env = wrapped, {**env, "TMPDIR": "/tmp"}
+    lifeline = None  # (read end, write end): see labrun.sandbox
+    if sandbox is not None and bubblewrap() is not None:
+        lifeline = os.pipe()
+        argv, env = sandbox.wrap(argv, lifeline[0]), {**env, "TMPDIR": "/tmp"}
     start = time.monotonic()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            argv,
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    try:
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                pass_fds=lifeline[:1] if lifeline else (),
+            )
+    except BaseException:
+        if lifeline:
+            os.close(lifeline[1])
+        raise
+    finally:
+        if lifeline:
+            os.close(lifeline[0])
     running_groups.add(proc.pid)
     timed_out = too_much = False
     try:
@@ -86,6 +97,8 @@ def run_command(
         kill_group(proc.pid)
         proc.wait()
         running_groups.discard(proc.pid)
+        if lifeline:
+            os.close(lifeline[1])
     duration = time.monotonic() - start
     _redact_file(log_path)
     with open(log_path, "rb") as f:

@@ -12,7 +12,13 @@ A command inside it sees:
 - a private /tmp (a folder of the session's, so that it lasts from one command to the next)
   and a private /dev (with the GPUs);
 - the network, unless the session turned it off;
-and it dies with the engine (`--die-with-parent`).
+and it dies with the engine, however the engine dies.
+
+bwrap's own `--die-with-parent` leaves a window of some milliseconds after bwrap starts (it
+sets the signal only once the sandbox is built), in which a killed engine leaves the sandbox
+running for good. The lifeline closes it: a watcher inside the sandbox, started before the
+command, waits on a pipe that only the engine holds open. The kernel closes that pipe when
+the engine dies, and the watcher then kills everything in the sandbox.
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ log = logging.getLogger("labrun")
 HOW_TO_INSTALL = "install bubblewrap (Debian and Ubuntu: `apt-get install bubblewrap`; Fedora: `dnf install bubblewrap`)"
 GPU_DEVICES = ("/dev/nvidia*", "/dev/dri", "/dev/kfd")
 _BASE = ("--unshare-pid", "--die-with-parent", "--cap-drop", "ALL", "--ro-bind", "/", "/", "--dev", "/dev")
+# `kill -1` reaches every process of the sandbox's PID namespace but its init, which then
+# exits with its child. The command is not handed the lifeline.
+_WATCHER = '{{ read -r -u {fd} _; kill -KILL -1; }} & exec "$@" {fd}<&-'
 
 
 @dataclass(frozen=True)
@@ -41,11 +50,12 @@ class Sandbox:
     """Folders inside the workspace that commands may read but not change."""
     network: bool = True
 
-    def wrap(self, argv: list[str]) -> list[str]:
-        """`argv` run inside the sandbox; `argv` itself where bubblewrap is unavailable."""
+    def wrap(self, argv: list[str], lifeline: int) -> list[str]:
+        """`argv` run inside the sandbox (which needs `bubblewrap()`). `lifeline` is the read
+        end of a pipe whose write end only the engine holds: the sandbox lasts while it is
+        open."""
         bwrap = bubblewrap()
-        if bwrap is None:
-            return argv
+        assert bwrap is not None, "Sandbox.wrap needs bubblewrap"
         self.tmp.mkdir(parents=True, exist_ok=True)
         args = [bwrap, *_BASE]
         for device in sorted(d for pattern in GPU_DEVICES for d in glob.glob(pattern)):
@@ -58,7 +68,8 @@ class Sandbox:
             args += ["--ro-bind", str(path), str(path)]
         if not self.network:
             args.append("--unshare-net")
-        return [*args, "--chdir", str(self.workspace), "--", *argv]
+        watcher = ["bash", "-c", _WATCHER.format(fd=lifeline), "labrun-lifeline"]
+        return [*args, "--chdir", str(self.workspace), "--", *watcher, *argv]
 
 
 @lru_cache(maxsize=1)

@@ -9,14 +9,18 @@ import logging
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import threading
+import time
 import uuid
 
 import pytest
 import yaml
 
-from support import DEMO_IDEA
+from support import DEMO_IDEA, group_alive, wait_for
 from labrun import sandbox
+from labrun.commands import kill_group
 from labrun.session import Session
 from labrun.phases import BY_KEY
 from labrun.phases.phase import toolbox
@@ -143,6 +147,37 @@ def test_an_idea_can_turn_the_network_off(tmp_path, listener):
         assert "hello from outside" not in bash(s, connect(listener))
     finally:
         s.close()
+
+
+ENGINE = """
+import sys
+from pathlib import Path
+from labrun.commands import run_command
+from labrun.sandbox import Sandbox
+ws = Path(sys.argv[1])
+run_command("sleep 600", ws, ws / "out.log", 900, 10**6, sandbox=Sandbox(ws, ws / "tmp"),
+            on_start=lambda pgid: print(pgid, flush=True))
+"""
+
+
+@needs_bwrap
+def test_a_sandbox_dies_with_an_engine_killed_the_moment_it_started_it(tmp_path):
+    """However early the engine is killed, even before bwrap has set up its own
+    `--die-with-parent`, nothing of the sandbox outlives the engine."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    groups = []
+    try:
+        for delay in (0, 0, 0, 0.001, 0.002, 0.004, 0.008, 0.05):
+            engine = subprocess.Popen([sys.executable, "-c", ENGINE, str(ws)], stdout=subprocess.PIPE, text=True)
+            groups.append(int(engine.stdout.readline()))
+            time.sleep(delay)
+            engine.kill()
+            engine.wait()
+        wait_for(lambda: not any(group_alive(g) for g in groups), timeout=10, what="every sandbox to die with its engine")
+    finally:
+        for group in groups:
+            kill_group(group)
 
 
 def test_without_bubblewrap_commands_run_and_the_user_is_told_once(session, tmp_path, monkeypatch, caplog):
