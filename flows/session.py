@@ -24,6 +24,7 @@ from labrun.branches import finish_rerun, rerun
 from labrun.model import UsageWindowSpent
 from labrun.session import Session
 from labrun.state import FlowRunRecord
+from labrun.status import session_status
 from labrun.windows import wait_out
 from labrun.phases.phase import manifest_digest, phase_version, run_phase
 
@@ -73,7 +74,7 @@ def research_session(
                            budget_usd, max_turns, with_phases or (), paper_style, network)
     try:
         if rerunning:
-            rerun(session, from_phase, agent, model, note or "", _flow_run_id())
+            rerun(session, from_phase, agent, model, note or "", _flow_run_id(), session_status)
         else:
             finish_rerun(session)  # a rerun cut short by a crash
     except BaseException:

@@ -26,7 +26,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from labrun.crashpoints import crashpoint
 from labrun.journal import Conversation, phase_usage
@@ -70,11 +70,13 @@ def first_branch(state: SessionState, agent: str, model: str | None) -> Branch:
 
 
 def rerun(session: Session, from_phase: str, agent: str | None, model: str | None, note: str,
-          flow_run: str | None) -> None:
+          flow_run: str | None, status: Callable[[Path], dict[str, Any]]) -> None:
     """Start a branch at `from_phase`, unless this request already started one: a retry of
     the flow run that started it, or the same request again (the same phase, agent, model
     and note as the current branch: a deployment run again with the same parameters)
-    continues the current branch, finished or not. Another note starts another branch."""
+    continues the current branch, finished or not. Another note starts another branch.
+    `status` is `labrun status` (which reads the branches): the replaced branch keeps what it
+    showed."""
     finish_rerun(session)
     state, root = session.state, session.ws.root
     note = " ".join(note.split())
@@ -93,7 +95,7 @@ def rerun(session: Session, from_phase: str, agent: str | None, model: str | Non
         raise BranchError(reason)
     branch = Branch(n=state.branch + 1, from_phase=from_phase, agent=agent or state.agent,
                     model=model if (model or agent) else state.model, note=note, flow_run=flow_run)
-    archive(session, branch)
+    archive(session, branch, status)
     finish_rerun(session)
 
 
@@ -114,7 +116,7 @@ def not_finished(state: SessionState, from_phase: str, root: Path) -> str | None
     return None
 
 
-def archive(session: Session, branch: Branch) -> None:
+def archive(session: Session, branch: Branch, status: Callable[[Path], dict[str, Any]]) -> None:
     """Step 1: keep the current branch whole under branches/<n>/ (see the module's doc)."""
     ws, state = session.ws, session.state
     order = list(state.phases)
@@ -163,9 +165,7 @@ def archive(session: Session, branch: Branch) -> None:
             _link(ws.root / a.log, tmp / "attempts" / Path(a.log).name)
     shutil.copy2(ws.state_md, tmp / "STATE.md")
     shutil.copy2(ws.state_file, tmp / "state.json")
-    from labrun.status import session_status  # the status reads the branches
-
-    write_json(tmp / "status.json", session_status(ws.root))
+    write_json(tmp / "status.json", status(ws.root))
     sections = {s: state.sections[s] for k in replaced for s in BY_KEY[k].sections if s in state.sections}
     write_json(tmp / "branch.json", {
         "n": state.branch, "agent": state.agent, "model": state.model,
@@ -295,24 +295,6 @@ def summaries(ws: Workspace, state: SessionState, spent: Usage) -> list[dict[str
                      "current": b.n == state.branch, "usage": usage.model_dump(),
                      "archive": None if b.n == state.branch else str(archive_dir(ws, b.n).relative_to(ws.root))})
     return rows
-
-
-def branch_status(root: Path, n: int) -> dict[str, Any]:
-    """`labrun status --branch N`: the current branch as it is, an earlier one as it stood
-    when the next replaced it."""
-    from labrun.status import session_status
-
-    ws = Workspace(root)
-    state = StateStore.load(ws).state
-    if n == state.branch:
-        return session_status(root)
-    snapshot = archive_dir(ws, n) / "status.json"
-    if not 1 <= n < state.branch or not snapshot.exists():
-        raise BranchError(no_branch(root, state, n))
-    report = json.loads(snapshot.read_text())
-    report["session"]["branch"] = n
-    report["branches"] = summaries(ws, state, total_usage(ws, state))
-    return report
 
 
 def no_branch(root: Path, state: SessionState, n: int) -> str:

@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from labrun.branches import rerun_pending, summaries
+from labrun.branches import BranchError, archive_dir, no_branch, rerun_pending, summaries
 from labrun.journal import phase_usage
 from labrun.plan import summary as plan_summary
-from labrun.session import changed_outputs
+from labrun.session import changed_outputs, total_usage
 from labrun.state import SessionState, load_state, session_clock
 from labrun.usage import Usage
 from labrun.workspace import Workspace
@@ -89,3 +89,19 @@ def finished_and_intact(root: Path) -> bool:
         if changed_outputs(json.loads(manifest_file.read_text()), state.file_digests, ws.root):
             return False
     return True
+
+
+def branch_status(root: Path, n: int) -> dict[str, Any]:
+    """`labrun status --branch N`: the current branch as it is, an earlier one as it stood
+    when the next replaced it."""
+    ws = Workspace(root)
+    state, _ = load_state(ws)
+    if n == state.branch:
+        return session_status(root)
+    snapshot = archive_dir(ws, n) / "status.json"
+    if not 1 <= n < state.branch or not snapshot.exists():
+        raise BranchError(no_branch(root, state, n))
+    report = json.loads(snapshot.read_text())
+    report["session"]["branch"] = n
+    report["branches"] = summaries(ws, state, total_usage(ws, state))
+    return report

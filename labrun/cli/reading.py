@@ -50,8 +50,8 @@ def cmd_state(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from labrun.branches import BranchError, branch_status
-    from labrun.status import session_status
+    from labrun.branches import BranchError
+    from labrun.status import branch_status, session_status
 
     root = session_dir(args.workspace)
     try:
