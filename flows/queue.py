@@ -30,9 +30,11 @@ def experiment_queue(
     deployment: str = SESSION_DEPLOYMENT,
     with_phases: list[str] | None = None,
     paper_style: str | None = None,
+    pass_env: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """`folder` and `workspaces` are paths on the worker (relative ones: from its working
-    directory, the clone); `with_phases` and `paper_style` go to every new session."""
+    directory, the clone); `with_phases`, `paper_style` and `pass_env` (names of keys for the
+    experiments) go to every new session."""
     log = get_run_logger()
     began = datetime.now(timezone.utc)
     source = Path(folder).resolve()
@@ -55,7 +57,7 @@ def experiment_queue(
             continue  # done already (queued some other way)
         key = f"labrun-queue-{workspace.name}"
         run = submit_session(path, workspace, agent, model, deployment, idempotency_key=key,
-                             with_phases=with_phases, paper_style=paper_style)
+                             with_phases=with_phases, paper_style=paper_style, pass_env=pass_env)
         if run.created is not None and run.created < began:
             continue  # the server answered the key with the run an earlier queue run made
         log.info("%s → %s: flow run %s %s", path.name, workspace, run.name, flow_run_url(run.id))

@@ -21,6 +21,7 @@ from prefect.states import State
 from labrun.agents import AgentUnavailable, require_priced
 from labrun.artifacts import SessionArtifacts
 from labrun.branches import finish_rerun, rerun
+from labrun.keys import unset, unset_line
 from labrun.model import UsageWindowSpent
 from labrun.session import Session
 from labrun.state import FlowRunRecord
@@ -60,18 +61,22 @@ def research_session(
     network: bool | None = None,
     from_phase: str | None = None,
     note: str | None = None,
+    pass_env: list[str] | None = None,
 ) -> dict[str, Any]:
     """`with_phases`: optional phases a new session runs too (e.g. ["resources", "paper"]),
     besides those its idea asks for; `paper_style`: the paper phase's LaTeX style (plain by
     default). A session keeps the phases and the style it started with. `network`: False
-    runs the agent's commands without network from now on.
+    runs the agent's commands without network from now on. `pass_env`: names of keys (API
+    keys, tokens) the experiments' commands get besides the idea's `constraints.api_keys`;
+    the session keeps them, and a resume adds to them (their values come from this process's
+    environment: a worker's, for a deployment run).
 
     `from_phase`: start a new branch of a session at this finished phase (`labrun rerun`):
     the phases before it are reused, it and the later ones run again with `agent` and `model`;
     `note` says why. A retry of this run continues the branch it started."""
     rerunning = bool(from_phase)  # the branch gets agent and model; the earlier one keeps its own
     session = Session.open(workspace, idea_path, None if rerunning else agent, None if rerunning else model,
-                           budget_usd, max_turns, with_phases or (), paper_style, network)
+                           budget_usd, max_turns, with_phases or (), paper_style, network, pass_env or ())
     try:
         if rerunning:
             rerun(session, from_phase, agent, model, note or "", _flow_run_id(), session_status)
@@ -100,6 +105,8 @@ def run_session(session: Session) -> dict[str, Any]:
     store.log(f"session run started (agent {session.state.agent})")
     # A deployment run comes here without the command line's checks.
     require_priced(session.state.agent, session.state.model, session.state.budget_usd)
+    if missing := unset_line(unset(session.experiment_keys())):
+        logging.getLogger("labrun").warning("%s", missing)
     upstream: list[str] = []
     refresh = False
     kept = session.state.branches[-1].kept if session.state.branches else {}

@@ -9,7 +9,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from labrun.sandbox import Sandbox, bubblewrap
 from labrun.secrets import redact, scrubbed_env
@@ -45,13 +45,16 @@ def run_command(
     show_chars: int = 20_000,
     on_start: Callable[[int], None] | None = None,
     sandbox: Sandbox | None = None,
+    keys: Iterable[str] = (),
 ) -> CommandResult:
     """Run `command` with bash; its whole output goes to `log_path` (the kernel writes it,
     so the log survives a crash of the engine). The process group is killed on timeout or
-    when the output passes `max_output_bytes`."""
+    when the output passes `max_output_bytes`. `keys`: the secrets it gets (the session's
+    keys for experiments); bubblewrap starts from the same environment, so they reach the
+    command inside the sandbox too."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     argv = ["bash", "-c", command]
-    env = scrubbed_env()
+    env = scrubbed_env(keys)
     lifeline = None  # (read end, write end): see labrun.sandbox
     if sandbox is not None and bubblewrap() is not None:
         lifeline = os.pipe()

@@ -109,7 +109,9 @@ def _date_as_text(value: Any) -> Any:
 
 
 def _env_name(value: Any) -> Any:
-    if isinstance(value, str) and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+    from labrun.keys import ENV_NAME
+
+    if isinstance(value, str) and not ENV_NAME.fullmatch(value):
         raise ValueError(f"must be the name of an environment variable, such as OPENAI_API_KEY (got {_show(value)})")
     return value
 

@@ -201,7 +201,7 @@ def phase_system_prompt(session: Any, phase_key: str) -> str:
     """The system prompt of one phase of `session`, with the STATE.md digest as it is now.
     Runs the phase's `setup` (which may put files in the workspace)."""
     return system_prompt(phase_key, session.idea.as_prompt_dict(), session.idea.guidance_domain,
-                         digest(session.state, session.clock()), list(session.state.phases),
+                         digest(session.state, session.clock(), session.keys_for_prompt()), list(session.state.phases),
                          template_context(session, BY_KEY[phase_key]))
 
 
@@ -233,9 +233,10 @@ def nudge(phase_key: str, missing: str, order: Sequence[str] = DEFAULT) -> str:
         **_phase_vars(phase_key, order), missing=(missing or "").strip()))
 
 
-def digest(state: Any, clock: dict[str, Any] | None = None) -> str:
+def digest(state: Any, clock: dict[str, Any] | None = None, keys: dict[str, Any] | None = None) -> str:
     """A compact digest of STATE.md for the phase prompts: the state's phases are the
-    session's, in order; `clock` (`Session.clock`) is the time and money so far."""
+    session's, in order; `clock` (`Session.clock`) is the time and money so far, `keys`
+    (`Session.keys_for_prompt`) the keys the experiments' commands get, by name."""
     numbers = {k: n for n, k in enumerate(state.phases, 1)}
     handed_on = [(f, k) for k, r in state.phases.items() if _status(r) == "DONE"
                  for f in BY_KEY[k].hands_on] if state.phases else []
@@ -243,7 +244,7 @@ def digest(state: Any, clock: dict[str, Any] | None = None) -> str:
     plan = getattr(state, "plan", None)
     return _tidy(env.get_template("digest.md.j2").render(
         state=state, phase_number=numbers, handed_on=handed_on, notes=[n for n in notes if n],
-        section_titles=section_titles(state.phases or DEFAULT), plan=plan, clock=clock,
+        section_titles=section_titles(state.phases or DEFAULT), plan=plan, clock=clock, keys=keys,
         runs=coverage(plan, getattr(state, "live_attempts", lambda: state.attempts)())))
 
 

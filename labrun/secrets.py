@@ -1,8 +1,9 @@
 """Keep secrets out of everything labrun writes: STATE.md, logs, transcripts, artifacts.
 
 Two rules, both exact enough never to touch an ordinary word or file name: the values of
-the environment's secret variables (a name with a part such as KEY, TOKEN or PASSWORD), and
-strings in the shape of a credential with a known prefix, standing as a word of their own.
+the environment's secret variables (a name with a part such as KEY, TOKEN or PASSWORD, or a
+name `declare`d secret: the keys a session's experiments are given), and strings in the
+shape of a credential with a known prefix, standing as a word of their own.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 from functools import lru_cache
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 # Name parts (split on _ - .) that say a variable holds a secret: GITHUB_TOKEN, DB_PASSWORD,
 # AWS_SECRET_ACCESS_KEY; never GIT_AUTHOR_NAME, TOKENIZERS_PARALLELISM or KEYBOARD.
@@ -36,6 +37,8 @@ SECRET_SHAPES = re.compile(
     ")"
 )
 REDACTED = "[REDACTED]"
+declared: set[str] = set()
+"""Variables whose values are secrets whatever their names (`declare`)."""
 
 
 @lru_cache(maxsize=4096)
@@ -44,13 +47,19 @@ def is_secret_name(name: str) -> bool:
     return any(p in SECRET_PARTS or p.endswith(SECRET_SUFFIXES) for p in parts)
 
 
+def declare(names: Iterable[str]) -> None:
+    """Redact these variables' values from now on, whatever their names (an experiment key
+    may be called OPENAI_ORG or HF_HUB; every key passed on is declared)."""
+    declared.update(names)
+
+
 def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
     """Values of the environment's secret variables, longest first. A value that names an
     existing absolute path (SSH_AUTH_SOCK, a key file's location) is a place, not a secret."""
     env = os.environ if environ is None else environ
     values = {
         v for k, v in env.items()
-        if is_secret_name(k) and len(v) >= MIN_SECRET_CHARS and not (os.path.isabs(v) and os.path.exists(v))
+        if (k in declared or is_secret_name(k)) and len(v) >= MIN_SECRET_CHARS and not (os.path.isabs(v) and os.path.exists(v))
     }
     return sorted(values, key=len, reverse=True)
 
@@ -82,8 +91,8 @@ def redact_data(data: Any) -> Any:
     return data
 
 
-def scrubbed_env() -> dict[str, str]:
-    """The environment for agent commands: no secrets, except those the user passes on by
-    name in LABRUN_PASS_ENV (comma-separated) because the idea needs them."""
-    allow = {n.strip() for n in os.environ.get("LABRUN_PASS_ENV", "").split(",") if n.strip()}
-    return {k: v for k, v in os.environ.items() if k in allow or not is_secret_name(k)}
+def scrubbed_env(keys: Iterable[str] = ()) -> dict[str, str]:
+    """The environment for agent commands: no secrets, except `keys` (the ones a session's
+    experiments are given, `labrun.keys`) and those named in LABRUN_PASS_ENV (comma-separated)."""
+    allow = {n.strip() for n in os.environ.get("LABRUN_PASS_ENV", "").split(",") if n.strip()} | set(keys)
+    return {k: v for k, v in os.environ.items() if k in allow or not (k in declared or is_secret_name(k))}

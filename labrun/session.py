@@ -13,8 +13,10 @@ from labrun.commands import kill_group
 from labrun.idea import Idea, load_idea
 from labrun.state import DEFAULT_TIME_LIMIT_S, Attempt, PhaseRecord, SessionState, StateStore, session_clock
 from labrun.journal import Conversation, phase_usage
+from labrun.keys import Key, pass_env_names, session_keys, unset
 from labrun.plan import Plan
 from labrun.sandbox import Sandbox
+from labrun.secrets import declare
 from labrun.snapshot import changed, entry_digest
 from labrun.usage import Budget, Usage
 from labrun.workspace import Workspace, write_json
@@ -71,14 +73,17 @@ class Session:
         with_phases: Iterable[str] = (),
         paper_style: str | None = None,
         network: bool | None = None,
+        pass_env: Iterable[str] = (),
     ) -> "Session":
         """Open (or create) the session in `workspace` and hold its lock until `close`.
         `with_phases` names the optional phases a new session runs besides the default ones
         and those its idea asks for (`metadata.with_phases`); `paper_style` is the paper
-        phase's style (else the idea's `metadata.paper_style`, else the plain one)."""
+        phase's style (else the idea's `metadata.paper_style`, else the plain one);
+        `pass_env` names keys for the experiments besides the idea's (a resume adds them)."""
         ws = Workspace(workspace)
         idea = load_idea(idea_path) if idea_path else None
         with_phases = [p for p in with_phases if p.strip()]
+        pass_env = pass_env_names(pass_env)  # a bad name fails before anything is written
         # An unknown name fails before anything is written.
         keys = phase_list([*with_phases, *(idea.with_phases if idea else ())])
         style = paper_style or (idea.paper_style if idea else None)
@@ -101,7 +106,7 @@ class Session:
                 session._check_phases(keys if with_phases else None)
                 session._check_paper_style(paper_style)
                 session._migrate()
-                session._settle(agent, model, budget_usd, max_turns, network)
+                session._settle(agent, model, budget_usd, max_turns, network, list(pass_env))
                 session.reconcile_after_crash()
             else:
                 if idea is None:
@@ -124,11 +129,13 @@ class Session:
                     paper_style=(style or DEFAULT_STYLE) if "paper" in keys else None,
                     plan=Plan.for_criteria(idea.evaluation_criteria),
                     network=network is not False,
+                    pass_env=list(dict.fromkeys(pass_env)),
                 )
                 store = StateStore(ws, state)
                 session = cls(ws, store, idea)
                 store.log(f"session created (agent {state.agent})")
             session.store.start_clock()
+            declare(session.key_names())  # their values are redacted from now on, whatever the names
         except BaseException:
             ws.unlock()
             raise
@@ -181,8 +188,13 @@ class Session:
                 state.budget_from = "--budget-usd" if state.budget_usd is not None else "none"
 
     def _settle(self, agent: str | None, model: str | None, budget_usd: float | None,
-                max_turns: int | None, network: bool | None) -> None:
-        """A resume keeps the session's settings unless told otherwise."""
+                max_turns: int | None, network: bool | None, pass_env: list[str]) -> None:
+        """A resume keeps the session's settings unless told otherwise; keys passed with
+        `--pass-env` add to the session's."""
+        added = [n for n in dict.fromkeys(pass_env) if n not in self.key_names()]
+        if added:
+            self.state.pass_env += added
+            self.store.event(f"the experiments' commands get {', '.join(added)} too from now on (--pass-env)")
         if max_turns is not None:
             self.state.max_turns = max_turns
         if agent and agent != self.state.agent:
@@ -336,6 +348,22 @@ class Session:
     def clock(self) -> dict[str, Any]:
         """Time and money so far, against the idea's limits and the agent's budget."""
         return session_clock(self.state, self.usage().cost_usd)
+
+    def experiment_keys(self) -> list[Key]:
+        """The keys the experiments' commands get: the idea's and those passed (`labrun.keys`)."""
+        return session_keys(self.idea.api_keys, self.state.pass_env)
+
+    def key_names(self) -> list[str]:
+        return [k.name for k in self.experiment_keys()]
+
+    def keys_for_prompt(self) -> dict[str, Any]:
+        """What the prompts say of the keys, by name: those set here, those missing, and
+        whether the agent has a shell of its own (a coding CLI's), which runs without them."""
+        from labrun.agents import CLI_AGENTS
+
+        keys, missing = self.experiment_keys(), unset(self.experiment_keys())
+        return {"set": [k.name for k in keys if k not in missing], "missing": [k.name for k in missing],
+                "own_shell": self.state.agent in CLI_AGENTS}
 
     def max_turns(self, phase: Phase) -> int:
         return self.state.max_turns or phase.max_turns

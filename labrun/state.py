@@ -134,6 +134,8 @@ class SessionState(BaseModel):
     """The paper phase's LaTeX style (`templates/paper_styles/`), when it has that phase."""
     network: bool = True
     """Agent commands may use the network (`--no-network` turns it off)."""
+    pass_env: list[str] = Field(default_factory=list)
+    """Keys the experiments' commands get besides the idea's, by name (`--pass-env`, `labrun.keys`)."""
     created_at: str = Field(default_factory=now)
     phases: dict[str, PhaseRecord] = Field(
         default_factory=lambda: {k: PhaseRecord() for k in DEFAULT}

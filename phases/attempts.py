@@ -100,6 +100,7 @@ def experiment_attempt(session_id: str, workspace: str, n: int) -> dict:
         max_output_bytes=MAX_OUTPUT_BYTES,
         on_start=lambda pgid: (session.update_attempt(n, pgid=pgid), crashpoint("attempt")),
         sandbox=session.sandbox(),
+        keys=session.key_names(),
     )
     session.ws.release_reserve_if_full()  # so that this attempt's record fits
     session.attempt_wrote(n, workspace_files(session.ws.root))

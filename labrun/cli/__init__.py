@@ -35,7 +35,8 @@ environment:
   LABRUN_CODEX             the codex executable of the codex agent (default codex)
   CODEX_HOME               Codex's login and sessions (default ~/.codex); CODEX_API_KEY an API key
   LABRUN_PHASE_TIMEOUT_S   a coding-CLI phase's time limit (default: the idea's time_limit)
-  LABRUN_PASS_ENV          NAME,... environment variables passed on to the agent's commands
+  LABRUN_PASS_ENV          NAME,... environment variables passed on to the agent's commands and
+                           to a coding CLI itself (--pass-env: to the experiments' commands only)
   LABRUN_MIN_FREE_MB       free disk below which a session stops before its next step (100)
   LABRUN_CONTEXT_MANAGEMENT=off    no server-side context editing (anthropic agent)
   LABRUN_PRICES            a JSON file of model prices (USD per million tokens)
@@ -215,6 +216,7 @@ def parser() -> argparse.ArgumentParser:
     queue.add_argument("--paper-style", default=None, metavar="STYLE",
                        help="the paper phase's LaTeX style: plain (default), neurips, icml, acl or ams")
     queue.add_argument("--deployment", default=SESSION_DEPLOYMENT, help="the session deployment to run")
+    _pass_env(queue)
     return p
 
 
@@ -227,6 +229,14 @@ def _limits(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-network", dest="network", action="store_const", const=False, default=None,
                    help="run the agent's commands without network (default: as the session and "
                    "the idea's constraints.network say)")
+    _pass_env(p)
+
+
+def _pass_env(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pass-env", action="append", default=None, metavar="NAME",
+                   help="an environment variable (an API key) for the experiments' commands only; "
+                   "repeat it for more; the session keeps the names (default: the idea's "
+                   "constraints.api_keys alone)")
 
 
 def _verbose(p: argparse.ArgumentParser) -> None:

@@ -17,7 +17,7 @@ from labrun.cli.reading import session_dir
 
 def cmd_rerun(args) -> int:
     from labrun.branches import BranchError, check_rerun, not_finished
-    from labrun.cli.running import Run, check_workspace, run_session
+    from labrun.cli.running import Run, check_workspace, passed_keys, run_session
     from labrun.state import load_state
     from labrun.workspace import Workspace, WorkspaceBusy
 
@@ -38,7 +38,8 @@ def cmd_rerun(args) -> int:
         raise CliError(str(e)) from None
     ws.unlock()
     return run_session(Run(None, args.workspace, args.agent, args.model, args.budget_usd, args.max_turns,
-                           args.verbose, from_phase=args.from_phase, note=args.note, network=args.network))
+                           args.verbose, from_phase=args.from_phase, note=args.note, network=args.network,
+                           pass_env=passed_keys(args)))
 
 
 def cmd_branches(args) -> int:

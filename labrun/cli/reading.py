@@ -14,6 +14,7 @@ from labrun.cli import CliError, console, err
 
 def cmd_check(args) -> int:
     from labrun.idea import IdeaError, load_idea
+    from labrun.keys import check_warnings
     from labrun.phases import phase_list
     from labrun.prompts import guidance_domain, layers
 
@@ -23,8 +24,8 @@ def cmd_check(args) -> int:
         for problem in e.problems:
             err.print(problem)
         return 2
-    for warning in idea.warnings:
-        err.print(f"[yellow]warning:[/yellow] {args.idea}: {warning}")
+    for warning in idea.warnings + check_warnings(idea):
+        err.print(f"[yellow]warning:[/yellow] {args.idea}: {escape(warning)}")
     budget = f"${idea.budget_usd:g}" if idea.budget_usd is not None else "none"
     agent_budget = f"${idea.agent_budget_usd:g}" if idea.agent_budget_usd is not None else "none (--budget-usd sets one)"
     extra = f" · with {', '.join(idea.with_phases)}" if idea.with_phases else ""

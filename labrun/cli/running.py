@@ -43,6 +43,8 @@ class Run:
     note: str | None = None
     network: bool | None = None
     """False: the agent's commands run without network from now on (`--no-network`)."""
+    pass_env: tuple[str, ...] = ()
+    """Keys for the experiments' commands besides the session's (`--pass-env`)."""
 
 
 def cmd_run(args) -> int:
@@ -54,6 +56,7 @@ def cmd_run(args) -> int:
         raise CliError(str(e)) from None
     for warning in idea.warnings:
         err.print(f"[yellow]warning:[/yellow] {args.idea}: {warning}")
+    keys = passed_keys(args)
     root = Path(args.workspace)
     check_workspace(root)
     stored = _stored_state(root)
@@ -74,7 +77,8 @@ def cmd_run(args) -> int:
     with_phases = tuple(phase_options(args.with_phases, args.paper_style, idea.with_phases))
     return run_session(Run(args.idea, args.workspace, agent, args.model, args.budget_usd, args.max_turns,
                            args.verbose, with_phases, args.paper_style,
-                           f"labrun run {args.idea} --workspace {args.workspace}", network=args.network))
+                           f"labrun run {args.idea} --workspace {args.workspace}", network=args.network,
+                           pass_env=keys))
 
 
 def cmd_resume(args) -> int:
@@ -82,11 +86,13 @@ def cmd_resume(args) -> int:
 
     root = session_dir(args.workspace)
     check_workspace(root)
+    keys = passed_keys(args)
     if _nothing_to_do(root, args):
         console.print(f"{args.workspace}: the session is already complete and its outputs are intact; nothing to do.")
         return 0
     return run_session(Run(None, args.workspace, model=args.model, budget_usd=args.budget_usd,
-                           max_turns=args.max_turns, verbose=args.verbose, network=args.network))
+                           max_turns=args.max_turns, verbose=args.verbose, network=args.network,
+                           pass_env=keys))
 
 
 def cmd_demo(args) -> int:
@@ -103,6 +109,21 @@ def cmd_demo(args) -> int:
         console.print(f"Read {args.workspace}/REPORT.md and {args.workspace}/STATE.md, "
                       f"or run `labrun status {args.workspace}`.")
     return code
+
+
+def passed_keys(args) -> tuple[str, ...]:
+    """`--pass-env`, checked: each an environment variable's name, set here (this process's
+    environment is the one the experiments' commands get)."""
+    from labrun.keys import pass_env_names
+
+    try:
+        names = pass_env_names(args.pass_env or ())
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    for name in names:
+        if not os.environ.get(name):
+            raise CliError(f"--pass-env {name}: not set in this environment; export it first")
+    return tuple(names)
 
 
 def check_workspace(root: Path) -> None:
@@ -223,7 +244,7 @@ def _run_flow(run: Run, api) -> int:
     try:
         research_session(run.idea_path, str(Path(run.workspace).resolve()), run.agent, run.model,
                          run.budget_usd, run.max_turns, list(run.with_phases), run.paper_style, run.network,
-                         from_phase=run.from_phase, note=run.note)
+                         from_phase=run.from_phase, note=run.note, pass_env=list(run.pass_env))
     except (WorkspaceBusy, AgentUnavailable, SessionMismatch, BranchError) as e:
         raise CliError(str(e)) from None
     except Exception as e:

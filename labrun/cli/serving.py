@@ -80,7 +80,13 @@ def cmd_queue(args) -> int:
 
     from labrun.serving.submit import collect_ideas
 
+    from labrun.keys import pass_env_names
+
     args.with_phases = phase_options(args.with_phases, args.paper_style)  # each idea may ask for more
+    try:  # their values are the worker's, so they are not looked for here
+        args.pass_env = pass_env_names(args.pass_env or ())
+    except ValueError as e:
+        raise CliError(str(e)) from None
     try:
         ideas = collect_ideas(args.ideas)
     except ServerError as e:
@@ -133,7 +139,7 @@ def _queue_one(path: Path, root: Path, args) -> str:
                       f"{active.id}, {active.state.name if active.state else 'no state'}); not queued again")
         return "skipped"
     run = submit_session(path, workspace, args.agent, args.model, args.deployment,
-                         with_phases=args.with_phases, paper_style=args.paper_style)
+                         with_phases=args.with_phases, paper_style=args.paper_style, pass_env=args.pass_env)
     console.print(f"{path.name} → {workspace}\n  flow run {run.name} {run.id}\n  {flow_run_url(run.id)}")
     return "queued"
 

@@ -39,7 +39,8 @@ def submit_session(idea_path: Path, workspace: Path, agent: str | None = None,
                    model: str | None = None, deployment: str = SESSION_DEPLOYMENT,
                    idempotency_key: str | None = None,
                    job_variables: dict[str, Any] | None = None,
-                   with_phases: list[str] | None = None, paper_style: str | None = None):
+                   with_phases: list[str] | None = None, paper_style: str | None = None,
+                   pass_env: list[str] | None = None):
     """One session flow run of the deployment; returns at once (the FlowRun)."""
     from prefect.deployments import run_deployment
 
@@ -52,6 +53,8 @@ def submit_session(idea_path: Path, workspace: Path, agent: str | None = None,
         parameters["with_phases"] = list(with_phases)
     if paper_style is not None:
         parameters["paper_style"] = paper_style
+    if pass_env:  # names only: the values are the worker's
+        parameters["pass_env"] = list(pass_env)
     return run_deployment(
         deployment, parameters=parameters, timeout=0, flow_run_name=workspace.name,
         tags=["labrun"], idempotency_key=idempotency_key, job_variables=job_variables,
