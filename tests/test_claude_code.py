@@ -87,8 +87,8 @@ def idea(tmp_path) -> Path:
     return path
 
 
-def run(idea: Path, ws: Path, claude: Claude, **env: str):
-    return labrun("run", str(idea), "--workspace", str(ws), "--agent", "claude-code",
+def run(idea: Path, ws: Path, claude: Claude, *args: str, **env: str):
+    return labrun("run", str(idea), "--workspace", str(ws), "--agent", "claude-code", *args,
                   env={**claude.env, **env})
 
 
@@ -176,7 +176,8 @@ def test_a_session_with_claude_code(idea, tmp_path, claude):
                  {"phase": "planning", "at_step": 1, "do": "retry", "times": 2},
                  overloaded, overloaded, overloaded,
                  {"phase": "documentation", "at_step": 0, "do": "ratelimited"})
-    result = run(idea, ws, claude)
+    key = "service-access-0a1b2c3d4e5f6a7b"  # a key for the experiments: never claude's
+    result = run(idea, ws, claude, "--pass-env", "SERVICE_ACCESS", SERVICE_ACCESS=key)
     assert_complete(ws, result)
     assert "usage window (five_hour) nearly spent" in result.stderr
     said = " ".join(result.stderr.split())  # the terminal's lines are wrapped
@@ -200,10 +201,15 @@ def test_a_session_with_claude_code(idea, tmp_path, claude):
     for c in calls:
         argv = c["argv"]
         assert argv[:5] == ["-p", "--output-format", "stream-json", "--verbose", "--append-system-prompt-file"]
-        assert "mcp__labrun" in argv[argv.index("--allowedTools") + 1].split(",")
+        granted = argv[argv.index("--allowedTools") + 1].split(",")
+        assert "mcp__labrun" in granted
+        assert ({"WebSearch", "WebFetch"} <= set(granted)) == (c["phase"] == "planning"), c["phase"]  # a web phase
         assert "--dangerously-skip-permissions" not in argv
         assert Path(argv[argv.index("--mcp-config") + 1]).parent.name == c["phase"]
         assert c["cwd"] == str(ws)
+        assert "SERVICE_ACCESS" not in c["env"] and "FAKE_CLAUDE_LOG" in c["env"]  # LABRUN_PASS_ENV's do reach it
+    assert "your own shell tool runs without it" in (ws / ".labrun/phases/planning/claude-system-prompt.md").read_text()
+    assert not [p for p in ws.rglob("*") if p.is_file() and key in p.read_text(errors="replace")]
     first_of = {c["phase"]: c for c in reversed(calls)}
     assert all(first_of[p.key]["resume"] is None and first_of[p.key]["stdin"].startswith(f"Start phase {n}")
                for n, p in enumerate(PHASES, 1))
@@ -309,8 +315,12 @@ def test_permissions_are_rules_unless_skipping_is_asked_for(monkeypatch, tmp_pat
     granted = argv[argv.index("--allowedTools") + 1].split(",")
     assert {"mcp__labrun", "Bash", "Edit", "Write", "Read"} <= set(granted)
     assert not {"MultiEdit", "LS", "TodoWrite"} & set(granted)
-    agent.known_tools = ["Bash", "Edit", "Read", "Write"]  # what a system/init event listed
+    assert not {"WebSearch", "WebFetch"} & set(granted)  # not a web phase
+    web = RunPlan(tmp_path / "system.md", tmp_path / "mcp.json", "abc", 7, web=True)
+    assert {"WebSearch", "WebFetch"} <= set(agent.argv(web)[argv.index("--allowedTools") + 1].split(","))
+    agent.known_tools = ["Bash", "Edit", "Read", "Write", "WebFetch"]  # what a system/init event listed
     assert agent.argv(plan)[argv.index("--allowedTools") + 1] == "mcp__labrun,Bash,Read,Edit,Write"
+    assert agent.argv(web)[argv.index("--allowedTools") + 1] == "mcp__labrun,Bash,Read,Edit,Write,WebFetch"
     assert "--dangerously-skip-permissions" not in argv and "IS_SANDBOX" not in agent.environment(plan_for(tmp_path))
 
     monkeypatch.setenv("LABRUN_CLAUDE_PERMISSIONS", "skip")

@@ -230,7 +230,9 @@ def test_web_phases_through_the_messages_api_resume_after_kills_and_bill_what_wa
     assert [b["type"] for b in second["messages"][-1]["content"]] == [
         "text", "server_tool_use", "web_search_tool_result"]
     planning = next(r["body"] for r in api.requests if turn_of(r)[0] == "planning")
-    assert "web_search" not in [t["name"] for t in planning["tools"]]
+    assert [t["name"] for t in planning["tools"]][-2:] == ["web_search", "web_fetch"]  # a web phase too
+    setup = next(r["body"] for r in api.requests if turn_of(r)[0] == "setup")
+    assert "web_search" not in [t["name"] for t in setup["tools"]]
     assert "`literature_review.md` (phase 1)" in planning["system"][0]["text"]
 
     report = session_status(ws)

@@ -13,6 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_messages_api import web_fetch, web_search, web_search_citation  # noqa: E402
 from test_anthropic_backend import api  # noqa: E402,F401  (the fake Messages API, the SDK pointed at it)
+from test_anthropic_session import cli, serve  # noqa: E402,F401  (a whole session against it)
 
 from labrun import toollog  # noqa: E402
 from labrun.agents.anthropic import WEB_TOOLS, AnthropicModel  # noqa: E402
@@ -145,3 +146,57 @@ def test_only_fetches_that_succeeded_count(tmp_path):
                 Attempt(n=2, phase="resources", status="FAILED", command="wget -q https://example.org/i.csv")]
     assert toollog.fetched(tmp_path, attempts) == {"example.org/a.pdf", "example.org/e", "example.org/f",
                                                    "example.org/h.csv"}
+
+
+# -- planning, a web phase --------------------------------------------------------------------
+
+
+def test_planning_searches_fetches_and_cites_through_the_messages_api(tmp_path, serve, cli):
+    """Planning offers the API's web tools and asks to cite what was found: the stand-in
+    searches (the API pauses its turn), fetches the paper found and cites it in
+    planning.md; the phases after it are offered no web tool."""
+    from auto_responder import IDEA, SOURCE, SOURCE_TEXT, SOURCE_TITLE, AutoResearcher
+    from labrun.status import session_status
+    from test_anthropic_session import turn_of
+
+    class WebPlanner(AutoResearcher):
+        def planning(self, body, turn):
+            if turn == 1:
+                return {"content": [{"type": "text", "text": "What is known about averaging?"},
+                                    *web_search("rmse of the mean of k measurements", [(SOURCE, SOURCE_TITLE, SOURCE_TEXT)])],
+                        "stop_reason": "pause_turn"}
+            if turn == 2:
+                plan = (f"# Plan\n\n## Motivation and related work\n\n{SOURCE_TITLE} ({SOURCE}) derives "
+                        "sigma/sqrt(k) for the RMSE of a k-sample mean; the baseline is that curve.\n")
+                write = {"type": "tool_use", "id": "toolu_plan020", "name": "str_replace_based_edit_tool",
+                         "input": {"command": "create", "path": "planning.md", "file_text": plan}}
+                return {"content": [*web_fetch(SOURCE, SOURCE_TEXT),
+                                    {"type": "text", "text": "The source gives the baseline curve.",
+                                     "citations": [web_search_citation(SOURCE, SOURCE_TITLE, SOURCE_TEXT[:30])]},
+                                    write]}
+            return super().planning(body, 2)
+
+    idea = tmp_path / "idea.yaml"
+    idea.write_text(IDEA)
+    api = serve(WebPlanner())
+    ws = tmp_path / "ws"
+    result = cli("run", str(idea), "--workspace", str(ws), "--agent", "anthropic")
+    assert result.returncode == 0, result.stderr
+
+    asked = {}
+    for r in api.requests:
+        asked.setdefault(turn_of(r)[0], []).append(r["body"])
+    first, paused, last = asked["planning"]
+    assert [t["name"] for t in first["tools"]][-2:] == ["web_search", "web_fetch"]
+    system = first["system"][0]["text"]
+    assert "Search with `web_search`" in system and "open with `web_fetch`" in system
+    assert "put the link of the page you opened" in system  # cite what was found
+    assert [b["type"] for b in paused["messages"][-1]["content"]] == ["text", "server_tool_use", "web_search_tool_result"]
+    for phase in ("setup", "implementation", "experiments", "analysis", "documentation"):
+        assert not {"web_search", "web_fetch"} & {t["name"] for b in asked[phase] for t in b["tools"]}, phase
+
+    assert SOURCE in (ws / "planning.md").read_text()
+    assert toollog.source_key(SOURCE) in toollog.fetched(ws / ".labrun/phases/planning")
+    report = session_status(ws)
+    assert report["session"]["complete"]
+    assert report["usage"]["web_search_requests"] == 1 and report["usage"]["web_fetch_requests"] == 1

@@ -12,7 +12,8 @@ process lifetime, the journal, the MCP tool server). This module holds what is C
   and `--strict-mcp-config`; `--max-turns`, `--model`, `--resume <session>`; tools granted
   with `--allowedTools` rules, built from the names the `system/init` event lists
   (`MultiEdit`, `LS`, `TodoWrite` are gone in 2.1.x, and Claude Code ignores unknown names
-  silently), or `--dangerously-skip-permissions` when asked.
+  silently), `WebSearch` and `WebFetch` in a phase declared `web`, or
+  `--dangerously-skip-permissions` when asked.
 - **The events.** `system/init` (session id, tools, MCP servers), `assistant` (one event per
   content block, the message's usage so far repeated), `system/api_retry` (its own retries
   of 429, 529 and 5xx), `rate_limit_event` (a subscription's window), `result` (this run's
@@ -70,7 +71,7 @@ from pathlib import Path
 from typing import Any, Iterator
 from zoneinfo import ZoneInfo
 
-from labrun.agents import AgentUnavailable
+from labrun.agents import AgentUnavailable, web_tools
 from labrun.agents.cli_agent import (CliAgent, Finished, Outcome, Retrying, RunPlan, Started, Streamed,
                                      ToolUsed, Verdict, Window, passed_env, version)
 from labrun.usage import Usage
@@ -136,13 +137,15 @@ class ClaudeCodeAgent(CliAgent):
         if self.permissions == "skip":
             argv.append("--dangerously-skip-permissions")
         else:
-            argv += ["--allowedTools", ",".join(self.allowed_tools())]
+            argv += ["--allowedTools", ",".join(self.allowed_tools(plan.web))]
         return argv
 
-    def allowed_tools(self) -> list[str]:
-        """labrun's MCP server, and the tools it wants that this Claude Code has."""
+    def allowed_tools(self, web: bool = False) -> list[str]:
+        """labrun's MCP server, and the tools it wants that this Claude Code has: its web
+        search and fetch too in a phase that offers them."""
         known = self.known_tools
-        return ["mcp__labrun"] + [t for t in WANTED_TOOLS if known is None or t in known]
+        wanted = WANTED_TOOLS + (web_tools("claude-code") if web else ())
+        return ["mcp__labrun"] + [t for t in wanted if known is None or t in known]
 
     def environment(self, plan: RunPlan) -> dict[str, str]:
         login, dropped = choose_login(self.auth)

@@ -215,6 +215,8 @@ class RunPlan:
     renewed: bool = False
     """The session is resumed by an engine that rendered the phase's system prompt anew
     (the STATE.md digest as it is now), and this is that engine's first run of it."""
+    web: bool = False
+    """The phase offers the CLI's own web search and fetch tools (`Phase.web`)."""
 
 
 # -- the base ---------------------------------------------------------------------------------
@@ -307,7 +309,7 @@ class CliAgent:
                 session_id = current_session(convo)
                 plan = RunPlan(system_file, mcp_config, session_id, max_turns - turns,
                                timeout_s=deadline - time.monotonic(), workspace=root, server=server,
-                               renewed=renew and session_id is not None)
+                               renewed=renew and session_id is not None, web=toolbox.phase.web)
                 renew = False
                 out, verdict = agent_run(self, toolbox, convo, inbox, plan, budget, deadline,
                                          phase=phase, number=len(transcripts(phase_dir, self.name)) + 1)
