@@ -48,8 +48,8 @@ def is_secret_name(name: str) -> bool:
 
 
 def declare(names: Iterable[str]) -> None:
-    """Redact these variables' values from now on, whatever their names (an experiment key
-    may be called OPENAI_ORG or HF_HUB; every key passed on is declared)."""
+    """Redact these variables' values from now on, whatever their names: a key passed to
+    the experiments may be called anything (SERVICE_ACCESS, OPENAI_ORG)."""
     declared.update(names)
 
 
@@ -59,7 +59,8 @@ def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
     env = os.environ if environ is None else environ
     values = {
         v for k, v in env.items()
-        if (k in declared or is_secret_name(k)) and len(v) >= MIN_SECRET_CHARS and not (os.path.isabs(v) and os.path.exists(v))
+        if (k in declared or is_secret_name(k)) and len(v) >= MIN_SECRET_CHARS
+        and not (os.path.isabs(v) and os.path.exists(v))
     }
     return sorted(values, key=len, reverse=True)
 

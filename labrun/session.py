@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterable
 
+from labrun.agents import CLI_AGENTS
 from labrun.commands import kill_group
 from labrun.idea import Idea, load_idea
 from labrun.state import DEFAULT_TIME_LIMIT_S, Attempt, PhaseRecord, SessionState, StateStore, session_clock
@@ -129,7 +130,7 @@ class Session:
                     paper_style=(style or DEFAULT_STYLE) if "paper" in keys else None,
                     plan=Plan.for_criteria(idea.evaluation_criteria),
                     network=network is not False,
-                    pass_env=list(dict.fromkeys(pass_env)),
+                    pass_env=pass_env,
                 )
                 store = StateStore(ws, state)
                 session = cls(ws, store, idea)
@@ -359,8 +360,6 @@ class Session:
     def keys_for_prompt(self) -> dict[str, Any]:
         """What the prompts say of the keys, by name: those set here, those missing, and
         whether the agent has a shell of its own (a coding CLI's), which runs without them."""
-        from labrun.agents import CLI_AGENTS
-
         keys, missing = self.experiment_keys(), unset(self.experiment_keys())
         return {"set": [k.name for k in keys if k not in missing], "missing": [k.name for k in missing],
                 "own_shell": self.state.agent in CLI_AGENTS}

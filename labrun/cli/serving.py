@@ -78,9 +78,8 @@ def cmd_queue(args) -> int:
     import httpx
     from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
 
-    from labrun.serving.submit import collect_ideas
-
     from labrun.keys import pass_env_names
+    from labrun.serving.submit import collect_ideas
 
     args.with_phases = phase_options(args.with_phases, args.paper_style)  # each idea may ask for more
     try:  # their values are the worker's, so they are not looked for here
