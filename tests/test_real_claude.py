@@ -97,9 +97,9 @@ class Setup:
     def argv(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "labrun.cli", *args]
 
-    def run(self):
+    def run(self, *args: str):
         return labrun("run", str(self.idea), "--workspace", str(self.ws), "--agent", "claude-code",
-                      "--model", MODEL, env=self.env)
+                      "--model", MODEL, *args, env=self.env)
 
     def start(self) -> subprocess.Popen:
         return subprocess.Popen(self.argv("run", str(self.idea), "--workspace", str(self.ws), "--agent",
@@ -171,7 +171,8 @@ def test_six_phases_outlast_a_429_and_a_529_storm_and_cost_what_was_billed(setup
                          "Please try again later.", {"retry-after": "3600"})
     overloaded = error(529, "overloaded_error", "Overloaded")
     s = setup_for(ClaudeResearcher(faults={("setup", 0): [rate_limited] * 3, ("analysis", 1): [overloaded] * 4}))
-    result = s.run()
+    s.env["SERVICE_ACCESS"] = key = "service-access-9e8d7c6b5a4f3e2d"  # for the experiments only
+    result = s.run("--pass-env", "SERVICE_ACCESS")
     assert_complete(s.ws, result)
     said = " ".join(result.stderr.split())  # the terminal's lines are wrapped
     assert "login: API key (ANTHROPIC_API_KEY)" in said and "claude-code: 2.1." in said
@@ -193,9 +194,12 @@ def test_six_phases_outlast_a_429_and_a_529_storm_and_cost_what_was_billed(setup
     # ENABLE_TOOL_SEARCH=false: labrun's tools are offered at once; no ToolSearch turn
     assert all({"mcp__labrun__run_experiment", "mcp__labrun__complete_phase"}
                <= {t["name"] for t in r["body"]["tools"]} for r in requests)
-    # claude's Bash ran `env`: Claude Code's own credentials stay out of it
+    # claude's Bash ran `env`: Claude Code's own credentials stay out of it, and so does a key
+    # for the experiments (it reaches only run_experiment's commands, which labrun runs)
     bash_output = json.dumps([r["body"]["messages"] for r in requests if phase_of(r["body"]) == "setup"])
     assert "PATH=" in bash_output and API_KEY not in bash_output and "ANTHROPIC_API_KEY" not in bash_output
+    assert "SERVICE_ACCESS" not in bash_output
+    assert not [p for p in s.ws.rglob("*") if p.is_file() and key in p.read_text(errors="replace")]
     assert not s.claudes()
 
 
