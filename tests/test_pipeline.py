@@ -263,8 +263,9 @@ def test_web_phases_through_the_messages_api_resume_after_kills_and_bill_what_wa
 
 
 def test_labrun_queue_with_gives_the_deployment_run_its_phases_and_style(tmp_path, prefect_api):
-    """`labrun queue --with ... --paper-style ...` against a real server: the session run it
-    creates carries `with_phases` and `paper_style` (tests/e2e runs such a run on a worker)."""
+    """`labrun queue --with ... --paper-style ... --pass-env ...` against a real server: the
+    session run it creates carries `with_phases`, `paper_style` and the keys' names (never
+    a value: the worker's environment holds those; tests/e2e runs such a run on a worker)."""
     from prefect.client.orchestration import get_client
 
     from labrun.flows.session import research_session
@@ -275,12 +276,15 @@ def test_labrun_queue_with_gives_the_deployment_run_its_phases_and_style(tmp_pat
         deployment_id = client.create_deployment(flow_id, "pipeline-params", entrypoint="flows/session.py:research_session")
     try:
         result = labrun("queue", str(DEMO_IDEA), "--with", "resources,paper", "--paper-style", "icml",
-                        "--workspaces", str(tmp_path / "workspaces"), "--deployment", "research-session/pipeline-params")
+                        "--pass-env", "SERVICE_ACCESS", "--workspaces", str(tmp_path / "workspaces"),
+                        "--deployment", "research-session/pipeline-params", env={"SERVICE_ACCESS": "on-the-worker-only"})
         assert result.returncode == 0, result.stderr
         with get_client(sync_client=True) as client:
             (run,) = client.read_flow_runs(limit=1, deployment_filter=_deployment_filter(deployment_id))
             assert run.parameters["with_phases"] == ["resources", "paper"]
             assert run.parameters["paper_style"] == "icml"
+            assert run.parameters["pass_env"] == ["SERVICE_ACCESS"]
+            assert "on-the-worker-only" not in json.dumps(run.parameters)
             assert run.parameters["workspace"].startswith(str(tmp_path / "workspaces"))
             client.delete_flow_run(run.id)
     finally:
