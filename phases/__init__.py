@@ -114,7 +114,7 @@ for _phase in (
     Phase("planning", "Planning", "motivation, research question, plan",
           (Files("planning.md"), Sections(research_specification="Research Specification"),
            RunList()),
-          max_turns=30, hands_on=("planning.md",), web=True, version=2),
+          max_turns=30, hands_on=("planning.md",), web=True),
     Phase("setup", "Setup", "isolated environment, data loaded and checked",
           (Sections(files_and_resources="Files and Resources", workflow="Workflow"),
            NamesCodeReferences("files_and_resources"))),
