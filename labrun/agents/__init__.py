@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from labrun.tools import ToolBox
     from labrun.usage import Budget
 
-AGENTS = ("anthropic", "claude-code", "codex", "scripted")
-CLI_AGENTS = ("claude-code", "codex")
+AGENTS = ("anthropic", "claude-code", "codex", "gemini", "scripted")
+CLI_AGENTS = ("claude-code", "codex", "gemini")
 """The coding-CLI backends (`labrun.agents.cli_agent`)."""
 WEB_TOOLS = {"anthropic": ("web_search", "web_fetch"), "claude-code": ("WebSearch", "WebFetch")}
 """The web search and fetch tools each backend has (the Messages API's server tools, Claude
@@ -87,4 +87,8 @@ def make_agent(agent: str, model: str | None = None, workspace: str | Path | Non
         from labrun.agents.codex import CodexAgent
 
         return CodexAgent(model, workspace)
+    if agent == "gemini":
+        from labrun.agents.gemini import GeminiAgent
+
+        return GeminiAgent(model, workspace)
     raise AgentUnavailable(f"unknown agent {agent!r}; choose one of {', '.join(AGENTS)}")
