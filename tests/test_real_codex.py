@@ -216,3 +216,29 @@ def test_a_missing_or_logged_out_codex_is_one_line_saying_what_to_do(tmp_path):
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and says in lines[0] and "Traceback" not in result.stderr, result.stderr
     assert "codex login" in lines[0] and "CODEX_API_KEY" in lines[0]
+
+
+def test_codex_past_the_phase_timeout_is_killed_and_the_session_stops_saying_so(setup_for):
+    """Planning's second request never gets an answer (the API hangs; Codex would wait for
+    its stream for minutes). At the phase's timeout labrun kills Codex: nothing of it is
+    left, the session stops with one line naming the timeout and how to resume, STATE.md
+    says why planning stopped, and the killed run still counts what it was billed (from
+    Codex's session record)."""
+    s = setup_for(CodexResearcher(faults={("planning", 1): [{"hang": True}]}))
+    s.env["LABRUN_PHASE_TIMEOUT_S"] = "20"
+    started = time.monotonic()
+    result = s.run()
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert 20 <= time.monotonic() - started < 120
+    said = " ".join(result.stderr.split())
+    assert "ran past its timeout of 20 s and codex was stopped" in said and "Traceback" not in said
+    assert f"labrun resume {s.ws}" in said
+    assert not s.codexes()
+    (transcript,) = sorted((s.ws / ".labrun" / "phases" / "planning").glob("codex-run-*.jsonl"))
+    end = json.loads(transcript.read_text().splitlines()[-1])
+    assert end["stopped"] == "timeout" and "session records" in end["note"]
+    assert s.phases_asked() == ["planning", "planning"]
+    state = (s.ws / "STATE.md").read_text()
+    assert "Phase 1 — planning: FAILED" in state
+    assert "phase planning stopped: it ran past its timeout of 20 s and codex was stopped" in " ".join(state.split())
+    assert_billed(s, s.status())
