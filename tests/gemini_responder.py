@@ -9,19 +9,17 @@ phase prompt, Gemini CLI's context file, read anew on every run); the next step 
 the conversation: a step whose call has a successful response is done, so a resumed or
 retried session goes on where it stopped and a step that failed or was cut off is done again.
 
-`faults={("setup", 0): [reply, ...]}` answers the first requests made at setup's step 0 with
-those replies (a rate-limit storm), the next ones normally. `slow_experiment_s` makes the
-first experiment attempt sleep that long, so a test can kill the engine during it.
+`faults` and `slow_experiment_s` are `CodexResearcher`'s.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import threading
 from typing import Any
 
-from claude_responder import HEADING, MCP, ClaudeResearcher
+from claude_responder import HEADING, MCP
+from codex_responder import CodexResearcher
 
 MODEL = "gemini-2.5-pro"
 
@@ -67,24 +65,9 @@ def as_gemini(name: str, arguments: dict[str, Any]) -> tuple[str, dict[str, Any]
     return name.removeprefix(MCP), arguments  # the fake calls the declared mcp_labrun_<name>
 
 
-class GeminiResearcher:
-    def __init__(self, faults: dict[tuple[str, int], list[dict]] | None = None, slow_experiment_s: float = 0):
-        self.plan = ClaudeResearcher(slow_experiment_s=slow_experiment_s)
-        self.faults = {k: list(v) for k, v in (faults or {}).items()}
-        self._lock = threading.Lock()
+class GeminiResearcher(CodexResearcher):
+    """The same research and faults as `CodexResearcher`, in the Gemini API's protocol."""
 
-    def __call__(self, body: dict[str, Any]) -> dict[str, Any]:
-        phase = phase_of(body)
-        steps = self.plan.steps(phase)
-        step = 0
-        for name in succeeded(body):  # each success of the next step's tool moves on by one
-            if step < len(steps) and name == steps[step][0]:
-                step += 1
-        with self._lock:
-            queued = self.faults.get((phase, step))
-            if queued:
-                return queued.pop(0)
-        if step >= len(steps):
-            return {"text": f"Phase {phase} is complete."}
-        name, arguments = as_gemini(*steps[step])
-        return {"text": f"Step {step + 1} of {phase}.", "tool": name, "arguments": json.loads(json.dumps(arguments))}
+    phase_of = staticmethod(phase_of)
+    succeeded = staticmethod(succeeded)
+    as_call = staticmethod(as_gemini)
