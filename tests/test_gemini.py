@@ -191,3 +191,21 @@ def test_a_killed_run_is_counted_from_its_session_file(agent, tmp_path):
 def test_gemini_counts_become_labruns_fields():
     assert tokens({"total_tokens": 71592, "input_tokens": 71485, "output_tokens": 107, "cached": 56955}) == Usage(
         input_tokens=14530, output_tokens=107, cache_read_input_tokens=56955)
+
+
+def test_a_budget_on_a_model_labrun_has_no_price_for_is_refused_in_one_line(agent, tmp_path):
+    """Gemini CLI reports tokens only: labrun prices them, so a budget on a model missing from
+    its table could not be kept, and the session does not start."""
+    import os
+    import subprocess
+    import sys
+
+    idea = tmp_path / "idea.yaml"
+    idea.write_text((Path(__file__).parent.parent / "examples" / "demo_noise_averaging.yaml").read_text())
+    run = subprocess.run([sys.executable, "-m", "labrun.cli", "run", str(idea), "--workspace", str(tmp_path / "w"),
+                          "--agent", "gemini", "--model", "gemini-9-ultra", "--budget-usd", "5"],
+                         capture_output=True, text=True, env={**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
+    assert run.returncode == 2, run.stderr
+    (line,) = run.stderr.strip().splitlines()
+    assert "no price is known for model 'gemini-9-ultra'" in line and "LABRUN_PRICES" in line
+    assert not (tmp_path / "w").exists()

@@ -54,13 +54,26 @@ class ModelAgent:
 
 
 def require_priced(agent: str | None, model: str | None, budget_usd: float | None) -> None:
-    """With a budget set, refuse an agent whose costs labrun cannot count (`PriceUnknown`)."""
-    if budget_usd is None or agent != "anthropic":
+    """With a budget set, refuse an agent whose costs labrun cannot count (`PriceUnknown`):
+    those labrun prices itself (the Messages API's tokens; Codex and Gemini CLI report
+    tokens only), on `model` or the agent's default."""
+    if budget_usd is None or agent not in ("anthropic", "codex", "gemini"):
         return  # the scripted agent costs nothing; Claude Code reports its own cost
-    from labrun.agents.anthropic import model_name
     from labrun.prices import require_price
 
-    require_price(model_name(model))
+    if agent == "anthropic":
+        from labrun.agents.anthropic import model_name
+
+        model = model_name(model)
+    elif agent == "codex":
+        from labrun.agents.codex import DEFAULT_MODEL
+
+        model = model or DEFAULT_MODEL
+    else:
+        from labrun.agents.gemini import DEFAULT_MODEL
+
+        model = model or DEFAULT_MODEL
+    require_price(model)
 
 
 def _model_agent(model: Model) -> ModelAgent:
