@@ -97,57 +97,38 @@ def shell_outputs(posts: list[dict], phase: str) -> str:
                        for c in r["body"]["contents"] for part in c.get("parts") or [] if "functionResponse" in part])
 
 
-def test_gemini_six_phases_outlast_a_429_storm_and_cost_what_was_billed(setup_for):
-    """Setup meets a per-minute rate limit: four 429s with RetryInfo. Gemini CLI retries once
+def test_gemini_outlasts_a_429_storm_and_a_kill_9_and_costs_exactly_what_was_billed(setup_for):
+    """One session (a real gemini run costs seconds, so the two checks share it).
+
+    Setup meets a per-minute rate limit: four 429s with RetryInfo. Gemini CLI retries once
     itself (after 5 s, its least), gives up, and labrun backs off and resumes the session,
-    twice, without counting a failure; the session completes. Its usage is exactly what the
-    fake billed (thinking tokens as output), priced from labrun's table and marked estimated
-    (Gemini CLI reports tokens only)."""
-    thinking = {"text": "Thinking it over.", "usage": {"thoughtsTokenCount": 40}}
-    s = setup_for(GeminiResearcher(faults={("setup", 0): [resource_exhausted("1s")] * 4,
-                                           ("analysis", 0): [thinking]}))
-    result = labrun(*s.run_args(), env=s.env)
-    assert_complete(s.ws, result)
-    said = " ".join(result.stderr.split())  # the terminal's lines are wrapped
-    assert "gemini: Gemini CLI 0.61.0" in said and "login: API key (GEMINI_API_KEY)" in said
-    assert said.count("the API is busy or limiting") == 2 and "run failed" not in said
-    assert_billed(s, s.status())
+    twice, without counting a failure.
 
-    posts = s.posts()
-    assert all(r["headers"].get("x-goog-api-key") == API_KEY for r in posts)
-    assert all(f"/models/{MODEL}:streamGenerateContent" in r["path"] for r in posts)
-    assert not any("x-gemini-api-privileged-user-id" in r["headers"] for r in posts), "statistics are off"
-    declared = {f["name"] for t in posts[0]["body"]["tools"] for f in t["functionDeclarations"]}
-    assert {"mcp_labrun_run_experiment", "mcp_labrun_complete_phase", "run_shell_command"} <= declared
-    # setup's shell ran `env`: the key and labrun's MCP token stay out of its commands
-    setup = shell_outputs(posts, "setup")
-    assert "PATH=" in setup and API_KEY not in setup and "LABRUN_MCP_TOKEN" not in setup
-    assert "GEMINI_API_KEY" not in setup
-    settings = (s.ws / ".labrun" / "gemini" / ".gemini" / "settings.json").read_text()
-    assert "Bearer ${LABRUN_MCP_TOKEN}" in settings and API_KEY not in settings
-    assert not s.geminis()
-
-
-def test_gemini_kill_9_during_an_attempt_leaves_no_gemini_and_the_resume_asks_nothing_finished(setup_for):
-    """The engine's process group is killed with SIGKILL while an experiment attempt runs.
+    Then the engine's process group is killed with SIGKILL while an experiment attempt runs.
     No gemini process is left (it ran in bubblewrap's PID namespace, which dies with the
     engine) and no request reaches the API after the kill. The resume asks no finished
     phase again, continues the experiments session with labrun's current prompt (the
-    attempt now INTERRUPTED in its digest), and completes; the killed run's tokens are
-    counted from Gemini CLI's own session file, so the usage is still exactly what was
-    billed."""
-    s = setup_for(GeminiResearcher(slow_experiment_s=600))
+    attempt now INTERRUPTED in its digest), and completes. Its usage is exactly what the
+    fake billed (thinking tokens as output; the killed run counted from Gemini CLI's own
+    session file), priced from labrun's table and marked estimated (Gemini CLI reports
+    tokens only)."""
+    thinking = {"text": "Thinking it over.", "usage": {"thoughtsTokenCount": 40}}
+    s = setup_for(GeminiResearcher(faults={("setup", 0): [resource_exhausted("1s")] * 4,
+                                           ("implementation", 0): [thinking]}, slow_experiment_s=600))
     engine = s.start()
     try:
         wait_for(lambda: (s.ws / "results" / ".slow").exists(), timeout=300, what="the experiment attempt to run")
         assert s.geminis(), "gemini runs"
         killed_at = time.time()
         os.killpg(engine.pid, signal.SIGKILL)
-        engine.communicate(timeout=60)
+        _, stderr = engine.communicate(timeout=60)
     finally:
         if engine.poll() is None:
             os.killpg(engine.pid, signal.SIGKILL)
     wait_for(lambda: not s.geminis(), timeout=5, what="every gemini process to end with the engine")
+    said = " ".join(stderr.split())  # the terminal's lines are wrapped
+    assert "gemini: Gemini CLI 0.61.0" in said and "login: API key (GEMINI_API_KEY)" in said
+    assert said.count("the API is busy or limiting") == 2 and "run failed" not in said
     time.sleep(1)
     assert not s.posts(since=killed_at), "a request reached the API after the kill"
     assert "- Status: RUNNING" in (s.ws / "STATE.md").read_text()
@@ -161,12 +142,25 @@ def test_gemini_kill_9_during_an_attempt_leaves_no_gemini_and_the_resume_asks_no
     assert "INTERRUPTED" in json.dumps(first["systemInstruction"])  # labrun's current digest
     # the same session, resumed: the killed run's prompt and reply come first (its call cut
     # off by the kill is left out: Gemini CLI drops a call that has no response)
-    said = [p.get("text") or "" for c in first["contents"] for p in c.get("parts") or []]
-    assert any(t.startswith("Start phase 4 of 6") for t in said) and "Step 1 of experiments." in said
+    texts = [p.get("text") or "" for c in first["contents"] for p in c.get("parts") or []]
+    assert any(t.startswith("Start phase 4 of 6") for t in texts) and "Step 1 of experiments." in texts
     report = s.status()
     assert [a["status"] for a in report["attempts"]] == ["INTERRUPTED", "SUCCESS"]
     assert_billed(s, report)
     assert not s.geminis()
+
+    posts = s.posts()
+    assert all(r["headers"].get("x-goog-api-key") == API_KEY for r in posts)
+    assert all(f"/models/{MODEL}:streamGenerateContent" in r["path"] for r in posts)
+    assert not any("x-gemini-api-privileged-user-id" in r["headers"] for r in posts), "statistics are off"
+    declared = {f["name"] for t in posts[0]["body"]["tools"] for f in t["functionDeclarations"]}
+    assert {"mcp_labrun_run_experiment", "mcp_labrun_complete_phase", "run_shell_command"} <= declared
+    # setup's shell ran `env`: the key and labrun's MCP token stay out of its commands
+    setup = shell_outputs(posts, "setup")
+    assert "PATH=" in setup and API_KEY not in setup and "LABRUN_MCP_TOKEN" not in setup
+    assert "GEMINI_API_KEY" not in setup
+    settings = (s.ws / ".labrun" / "gemini" / ".gemini" / "settings.json").read_text()
+    assert "Bearer ${LABRUN_MCP_TOKEN}" in settings and API_KEY not in settings
 
 
 def test_a_missing_or_logged_out_gemini_is_one_line_saying_what_to_do(tmp_path):
