@@ -4,7 +4,7 @@ default on api.anthropic.com; `ENABLE_TOOL_SEARCH=true`), with the tools note te
 model how to load them.
 
 Runs two whole six-phase sessions side by side in this one run, `labrun run --agent
-claude-code` with the real CLI (`.ci/install-claude-code`) against the fake Messages API of
+claude-code` with the real CLI (`.ci/install-agent-clis`) against the fake Messages API of
 `tests/fake_messages_api.py` (prompt-cache accounting on; `tests/claude_responder.py` plays
 the model, loading deferred tools with one `ToolSearch` call as a model must), and prints
 requests, tokens and dollars (claude-sonnet-4-5's list prices) for each. No real API is
@@ -32,13 +32,14 @@ MODEL = "claude-sonnet-4-5"
 
 
 def session(tmp: Path, tool_search: str) -> dict:
+    from agent_clis import claude_executable
     from auto_responder import IDEA
     from claude_responder import ClaudeResearcher
     from fake_messages_api import FakeMessagesAPI
     from labrun.prices import cost_usd
     from labrun.usage import Usage
 
-    claude = os.environ.get("LABRUN_TEST_CLAUDE") or str(REPO / ".agent-clis/claude-code/node_modules/.bin/claude")
+    claude = claude_executable() or sys.exit("no real claude: install it with .ci/install-agent-clis")
     root = tmp / tool_search
     (root / "config").mkdir(parents=True)
     (root / "idea.yaml").write_text(IDEA)

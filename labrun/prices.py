@@ -1,9 +1,9 @@
 """What a model call costs: USD per million tokens, per model, and `cost_usd(model, usage)`.
 
 Built-in prices are Anthropic's list prices (https://platform.claude.com/docs/en/about-claude/pricing
-and each model's overview page), checked in November 2026, and OpenAI's for the models
+and each model's overview page), checked in November 2026, OpenAI's for the models
 Codex runs (https://developers.openai.com/api/docs/pricing, standard tier, as of November
-2026). `cache_write` is the 5-minute
+2026) and Google's for those Gemini CLI runs (below). `cache_write` is the 5-minute
 cache write, the only kind labrun asks for. A file named by `LABRUN_PRICES` (YAML or JSON,
 `{model: {input, output, cache_write, cache_read}}`) is merged over them, model by model,
 for new models, negotiated prices or a gateway's own. A model with no price costs 0, with one
@@ -60,6 +60,13 @@ BUILTIN_PRICES: dict[str, dict[str, Any]] = {
     # billed as input). Prompts over 272k tokens pay 2x input and 1.5x output for the whole
     # request; not modelled here, since Codex reports a run's tokens summed over its requests.
     "gpt-5.5": _p(5, 30, 5, 0.50),
+    # Google's, for the models Gemini CLI runs (https://ai.google.dev/gemini-api/docs/pricing,
+    # paid tier, prompts up to 200k tokens): thinking is billed as output; implicit caching
+    # bills cached input at a tenth and charges nothing to write. Prompts over 200k tokens pay
+    # 2x input and 1.5x output; not modelled, since Gemini CLI reports a run's tokens summed
+    # over its requests.
+    "gemini-2.5-pro": _p(1.25, 10, 1.25, 0.125),
+    "gemini-2.5-flash": _p(0.30, 2.50, 0.30, 0.03),
 }
 
 _DATE_SUFFIX = re.compile(r"-\d{8}$")

@@ -49,6 +49,9 @@ class Sandbox:
     readonly: tuple[Path, ...] = ()
     """Folders inside the workspace that commands may read but not change."""
     network: bool = True
+    writable: tuple[Path, ...] = ()
+    """Folders that commands may change besides the workspace, even inside a read-only one
+    (a coding CLI's own home, when the CLI itself runs in the sandbox)."""
 
     def wrap(self, argv: list[str], lifeline: int) -> list[str]:
         """`argv` run inside the sandbox (which needs `bubblewrap()`). `lifeline` is the read
@@ -66,6 +69,9 @@ class Sandbox:
         for path in self.readonly:
             path.mkdir(parents=True, exist_ok=True)
             args += ["--ro-bind", str(path), str(path)]
+        for path in self.writable:
+            path.mkdir(parents=True, exist_ok=True)
+            args += ["--bind", str(path), str(path)]
         if not self.network:
             args.append("--unshare-net")
         watcher = ["bash", "-c", _WATCHER.format(fd=lifeline), "labrun-lifeline"]

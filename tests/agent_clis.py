@@ -1,6 +1,8 @@
-"""Running the real Codex and Gemini CLIs in tests, as docs/agent-clis.md says a backend does.
+"""Running the real Codex and Gemini CLIs in tests, as docs/agent-clis.md says a backend does,
+and finding the three real CLIs.
 
-`.ci/install-agent-clis` puts them under `.agent-clis/` (or `$LABRUN_AGENT_CLIS`). Each run
+`.ci/install-agent-clis` puts Claude Code, Codex and Gemini CLI under `.agent-clis/` (or
+`$LABRUN_AGENT_CLIS`); `LABRUN_TEST_CLAUDE` may name another `claude`. Each run
 gets: the tests' scripted API in the CLI's own protocol, a home of its own in the test's
 temporary directory (never the user's), a scrubbed environment, and labrun's `ToolServer`
 as its MCP server, with `EngineTools` playing the engine's thread: it answers every call
@@ -26,6 +28,11 @@ REPO = Path(__file__).resolve().parents[1]
 PREFIX = Path(os.environ.get("LABRUN_AGENT_CLIS") or REPO / ".agent-clis")
 INSTALL = "install them with `.ci/install-agent-clis`"
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TZ": "UTC"}
+
+
+def claude_executable() -> str | None:
+    found = os.environ.get("LABRUN_TEST_CLAUDE") or str(PREFIX / "node_modules/.bin/claude")
+    return found if Path(found).is_file() and os.access(found, os.X_OK) else None
 
 
 def codex_binary() -> Path | None:

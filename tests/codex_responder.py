@@ -87,11 +87,16 @@ class CodexResearcher:
         self.faults = {k: list(v) for k, v in (faults or {}).items()}
         self._lock = threading.Lock()
 
+    # What another CLI's researcher (gemini_responder) reads and calls in its own protocol.
+    phase_of = staticmethod(phase_of)
+    succeeded = staticmethod(succeeded)
+    as_call = staticmethod(as_codex)
+
     def __call__(self, body: dict[str, Any]) -> dict[str, Any]:
-        phase = phase_of(body)
+        phase = self.phase_of(body)
         steps = self.plan.steps(phase)
         step = 0
-        for name in succeeded(body):  # each success of the next step's tool moves on by one
+        for name in self.succeeded(body):  # each success of the next step's tool moves on by one
             if step < len(steps) and name == steps[step][0]:
                 step += 1
         with self._lock:
@@ -101,5 +106,5 @@ class CodexResearcher:
                 return fault() if callable(fault) else fault
         if step >= len(steps):
             return {"text": f"Phase {phase} is complete."}
-        name, arguments = as_codex(*steps[step])
+        name, arguments = self.as_call(*steps[step])
         return {"text": f"Step {step + 1} of {phase}.", "tool": name, "arguments": json.loads(json.dumps(arguments))}

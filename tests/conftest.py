@@ -43,6 +43,21 @@ def prefect_api() -> str:
 
 
 @pytest.fixture
+def cli_setups(tmp_path, prefect_api):
+    """`make(Setup, responder)`: a real-CLI test's setup (a fake API as `.api`, labrun's
+    environment) in this test's folder; each fake API stops after the test."""
+    made = []
+
+    def make(setup, *args):
+        made.append(setup(tmp_path, *args))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.api.stop()
+
+
+@pytest.fixture
 def template_copy(tmp_path, monkeypatch) -> Path:
     """A copy of templates/ that labrun.prompts renders from, for tests that edit templates."""
     from labrun import prompts

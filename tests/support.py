@@ -131,3 +131,23 @@ def processes_with_env(*marks: str) -> list[int]:
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue
     return found
+
+
+USAGE_FIELDS = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+
+
+def assert_billed_as_estimated(bills, report: dict) -> None:
+    """labrun counted exactly the tokens a fake API billed (`bills`: its replies as
+    `(model, Usage)`), priced from labrun's table, and all of it marked estimated (a CLI
+    that reports tokens only)."""
+    import pytest
+
+    from labrun.prices import cost_usd
+
+    bills = list(bills)
+    cost = sum(cost_usd(model, usage) for model, usage in bills)
+    assert cost > 0
+    for k in USAGE_FIELDS:
+        assert report["usage"][k] == sum(getattr(usage, k) for _, usage in bills), k
+    assert report["usage"]["cost_usd"] == pytest.approx(cost, rel=1e-9)
+    assert report["usage"]["estimated_usd"] == pytest.approx(report["usage"]["cost_usd"], rel=1e-9)

@@ -95,3 +95,34 @@ def test_a_killed_runs_rollout_gives_what_was_billed_and_what_codex_restores(tmp
     billed, restored = rollout_totals(tmp_path, thread)
     assert billed == tokens(usage(26929, 13009, 186)) and restored == tokens(usage(13009, 0, 84))
     assert rollout_totals(tmp_path, "another-thread") is None
+
+
+def test_labrun_queue_agent_codex_gives_the_deployment_run_its_agent_and_model(tmp_path, prefect_api):
+    """`labrun queue --agent codex --model ...` against a real server: the session run it
+    creates carries the agent and the model as flow parameters (tests/e2e/test_codex_window.py
+    runs such a run, with the real Codex, on a worker)."""
+    import sys
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    from labrun.flows.session import research_session
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from support import DEMO_IDEA, labrun
+
+    with get_client(sync_client=True) as client:
+        flow_id = client.create_flow(research_session)
+        deployment_id = client.create_deployment(flow_id, "codex-params", entrypoint="flows/session.py:research_session")
+    try:
+        result = labrun("queue", str(DEMO_IDEA), "--agent", "codex", "--model", "gpt-5.5",
+                        "--workspaces", str(tmp_path / "workspaces"), "--deployment", "research-session/codex-params")
+        assert result.returncode == 0, result.stderr
+        with get_client(sync_client=True) as client:
+            (run,) = client.read_flow_runs(limit=1, deployment_filter=DeploymentFilter(
+                id=DeploymentFilterId(any_=[deployment_id])))
+            assert (run.parameters["agent"], run.parameters["model"]) == ("codex", "gpt-5.5")
+            client.delete_flow_run(run.id)
+    finally:
+        with get_client(sync_client=True) as client:
+            client.delete_deployment(deployment_id)

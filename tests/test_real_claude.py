@@ -1,5 +1,5 @@
 """The Claude Code backend against the real `claude` CLI (`@anthropic-ai/claude-code`, pinned
-and installed by `.ci/install-claude-code`), pointed at the tests' own scripted Messages API
+and installed by `.ci/install-agent-clis`), pointed at the tests' own scripted Messages API
 (`fake_messages_api.py` with `claude_responder.ClaudeResearcher` playing the model).
 
 Each test runs `labrun` as a user would, with ANTHROPIC_BASE_URL at the fake,
@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+from agent_clis import INSTALL, claude_executable  # noqa: E402
 from claude_responder import ClaudeResearcher, phase_of, system_text  # noqa: E402
 from fake_messages_api import FakeMessagesAPI  # noqa: E402
-from support import REPO, assert_complete, labrun, processes_with_env, wait_for  # noqa: E402
+from support import assert_complete, labrun, processes_with_env, wait_for  # noqa: E402
 
 from auto_responder import IDEA  # noqa: E402
 from labrun.prices import cost_usd  # noqa: E402
@@ -35,14 +36,9 @@ API_KEY = "sk-ant-api03-test-key-for-the-fake-api-0000"
 OAUTH_TOKEN = "sk-ant-oat01-test-token-for-the-fake-api-0000"
 
 
-def claude_executable() -> str | None:
-    found = os.environ.get("LABRUN_TEST_CLAUDE") or str(REPO / ".agent-clis/claude-code/node_modules/.bin/claude")
-    return found if Path(found).is_file() and os.access(found, os.X_OK) else None
-
-
 pytestmark = pytest.mark.skipif(claude_executable() is None, reason=(
-    "the real Claude Code CLI is not installed: run .ci/install-claude-code (npm), or point "
-    "LABRUN_TEST_CLAUDE at a `claude` binary"))
+    f"the real Claude Code CLI is not installed: {INSTALL} (npm), or point LABRUN_TEST_CLAUDE at "
+    "a `claude` binary"))
 
 
 def unified(status: str, resets_at: int) -> dict[str, str]:

@@ -25,12 +25,10 @@ from agent_clis import INSTALL, PREFIX  # noqa: E402
 from auto_responder import IDEA  # noqa: E402
 from codex_responder import MODEL, CodexResearcher, phase_of, texts  # noqa: E402
 from fake_responses_api import FakeResponsesAPI  # noqa: E402
-from support import assert_complete, labrun, processes_with_env, wait_for  # noqa: E402
+from support import assert_billed_as_estimated, assert_complete, labrun, processes_with_env, wait_for  # noqa: E402
 
-from labrun.prices import cost_usd  # noqa: E402
 from labrun.usage import Usage  # noqa: E402
 
-USAGE_FIELDS = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
 API_KEY = "sk-proj-test-key-for-the-fake-responses-api-0000"
 LAUNCHER = PREFIX / "node_modules/.bin/codex"
 
@@ -87,42 +85,26 @@ class Setup:
     def phases_asked(self, since: float = 0.0) -> list[str]:
         return [phase_of(r["body"]) for r in self.posts(since)]
 
-    def billed(self) -> dict:
-        """What the fake API billed, in labrun's token fields, and its price at the model's."""
-        total = {k: 0 for k in USAGE_FIELDS} | {"cost_usd": 0.0}
+    def billed(self) -> list[tuple[str, Usage]]:
+        """What the fake API billed, reply by reply, in labrun's token fields."""
+        bills = []
         for bill in self.api.billed:
             u = bill["usage"]
             details = u["input_tokens_details"]
             cached, written = details["cached_tokens"], details["cache_write_tokens"]
-            usage = Usage(input_tokens=u["input_tokens"] - cached - written, output_tokens=u["output_tokens"],
-                          cache_read_input_tokens=cached, cache_creation_input_tokens=written)
-            for k in USAGE_FIELDS:
-                total[k] += getattr(usage, k)
-            total["cost_usd"] += cost_usd(bill["model"], usage)
-        return total
+            bills.append((bill["model"], Usage(input_tokens=u["input_tokens"] - cached - written,
+                                               output_tokens=u["output_tokens"], cache_read_input_tokens=cached,
+                                               cache_creation_input_tokens=written)))
+        return bills
 
 
 @pytest.fixture
-def setup_for(tmp_path, prefect_api):
-    made = []
-
-    def make(responder: CodexResearcher) -> Setup:
-        made.append(Setup(tmp_path, responder))
-        return made[-1]
-
-    yield make
-    for s in made:
-        s.api.stop()
+def setup_for(cli_setups):
+    return lambda responder: cli_setups(Setup, responder)
 
 
 def assert_billed(s: Setup, report: dict) -> None:
-    """labrun counted exactly the tokens the fake billed, priced from its table, all estimated."""
-    billed = s.billed()
-    assert billed["cost_usd"] > 0
-    for k in USAGE_FIELDS:
-        assert report["usage"][k] == billed[k], k
-    assert report["usage"]["cost_usd"] == pytest.approx(billed["cost_usd"], rel=1e-9)
-    assert report["usage"]["estimated_usd"] == pytest.approx(report["usage"]["cost_usd"], rel=1e-9)
+    assert_billed_as_estimated(s.billed(), report)
 
 
 def test_codex_six_phases_outlast_a_429_storm_and_cost_what_was_billed(setup_for):
@@ -216,3 +198,29 @@ def test_a_missing_or_logged_out_codex_is_one_line_saying_what_to_do(tmp_path):
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and says in lines[0] and "Traceback" not in result.stderr, result.stderr
     assert "codex login" in lines[0] and "CODEX_API_KEY" in lines[0]
+
+
+def test_codex_past_the_phase_timeout_is_killed_and_the_session_stops_saying_so(setup_for):
+    """Planning's second request never gets an answer (the API hangs; Codex would wait for
+    its stream for minutes). At the phase's timeout labrun kills Codex: nothing of it is
+    left, the session stops with one line naming the timeout and how to resume, STATE.md
+    says why planning stopped, and the killed run still counts what it was billed (from
+    Codex's session record)."""
+    s = setup_for(CodexResearcher(faults={("planning", 1): [{"hang": True}]}))
+    s.env["LABRUN_PHASE_TIMEOUT_S"] = "12"
+    started = time.monotonic()
+    result = s.run()
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert 12 <= time.monotonic() - started < 120
+    said = " ".join(result.stderr.split())
+    assert "ran past its timeout of 12 s and codex was stopped" in said and "Traceback" not in said
+    assert f"labrun resume {s.ws}" in said
+    assert not s.codexes()
+    (transcript,) = sorted((s.ws / ".labrun" / "phases" / "planning").glob("codex-run-*.jsonl"))
+    end = json.loads(transcript.read_text().splitlines()[-1])
+    assert end["stopped"] == "timeout" and "session records" in end["note"]
+    assert s.phases_asked() == ["planning", "planning"]
+    state = (s.ws / "STATE.md").read_text()
+    assert "Phase 1 — planning: FAILED" in state
+    assert "phase planning stopped: it ran past its timeout of 12 s and codex was stopped" in " ".join(state.split())
+    assert_billed(s, s.status())

@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from labrun.tools import ToolBox
     from labrun.usage import Budget
 
-AGENTS = ("anthropic", "claude-code", "codex", "scripted")
-CLI_AGENTS = ("claude-code", "codex")
+AGENTS = ("anthropic", "claude-code", "codex", "gemini", "scripted")
+CLI_AGENTS = ("claude-code", "codex", "gemini")
 """The coding-CLI backends (`labrun.agents.cli_agent`)."""
 WEB_TOOLS = {"anthropic": ("web_search", "web_fetch"), "claude-code": ("WebSearch", "WebFetch")}
 """The web search and fetch tools each backend has (the Messages API's server tools, Claude
@@ -54,13 +54,26 @@ class ModelAgent:
 
 
 def require_priced(agent: str | None, model: str | None, budget_usd: float | None) -> None:
-    """With a budget set, refuse an agent whose costs labrun cannot count (`PriceUnknown`)."""
-    if budget_usd is None or agent != "anthropic":
+    """With a budget set, refuse an agent whose costs labrun cannot count (`PriceUnknown`):
+    those labrun prices itself (the Messages API's tokens; Codex and Gemini CLI report
+    tokens only), on `model` or the agent's default."""
+    if budget_usd is None or agent not in ("anthropic", "codex", "gemini"):
         return  # the scripted agent costs nothing; Claude Code reports its own cost
-    from labrun.agents.anthropic import model_name
     from labrun.prices import require_price
 
-    require_price(model_name(model))
+    if agent == "anthropic":
+        from labrun.agents.anthropic import model_name
+
+        model = model_name(model)
+    elif agent == "codex":
+        from labrun.agents.codex import DEFAULT_MODEL
+
+        model = model or DEFAULT_MODEL
+    else:
+        from labrun.agents.gemini import DEFAULT_MODEL
+
+        model = model or DEFAULT_MODEL
+    require_price(model)
 
 
 def _model_agent(model: Model) -> ModelAgent:
@@ -87,4 +100,8 @@ def make_agent(agent: str, model: str | None = None, workspace: str | Path | Non
         from labrun.agents.codex import CodexAgent
 
         return CodexAgent(model, workspace)
+    if agent == "gemini":
+        from labrun.agents.gemini import GeminiAgent
+
+        return GeminiAgent(model, workspace)
     raise AgentUnavailable(f"unknown agent {agent!r}; choose one of {', '.join(AGENTS)}")

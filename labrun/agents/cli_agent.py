@@ -1,4 +1,4 @@
-"""What labrun's coding-CLI backends share: Claude Code today, Codex and Gemini CLI next.
+"""What labrun's coding-CLI backends share: Claude Code, Codex and Gemini CLI.
 
 A phase is one or more runs of the agent's CLI in the workspace. The CLI brings its own
 shell and editor; labrun's `run_experiment` and `complete_phase` reach it over MCP from a
@@ -21,7 +21,9 @@ The base does, for every CLI:
   runs in its own PID namespace tied to the engine (`--unshare-pid --die-with-parent`), so
   a `kill -9` of the engine, or of its process group, ends every process inside, even those
   that left the CLI's session, unless the backend says its CLI's own sandbox does that
-  (`needs_namespace`). Timeouts kill its tree.
+  (`needs_namespace`). A CLI with no sandbox of its own runs inside the session's
+  (`in_sandbox`: `labrun.sandbox`, with its lifeline held by the engine). Timeouts kill its
+  tree.
 - **The event journal**: every event of run N goes, redacted, into `<name>-run-NNN.jsonl`
   beside the phase's journal. The journal (`Conversation`) gets, as records the rest of
   the engine reads: a "reply" when a run starts (a crash is then resumed, not restarted);
@@ -72,7 +74,7 @@ import signal
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
@@ -88,6 +90,7 @@ from labrun.journal import Conversation
 from labrun.mcp_tools import ToolCall, ToolServer, run_call
 from labrun.model import FatalModelError, TransientModelError, UsageWindowSpent
 from labrun.prices import cost_usd
+from labrun.sandbox import Sandbox, bubblewrap
 from labrun.secrets import redact
 from labrun.tools import ToolBox, ToolResult
 from labrun.turns import RETRY_POLICY, PhaseStopped, back_off
@@ -217,6 +220,10 @@ class RunPlan:
     (the STATE.md digest as it is now), and this is that engine's first run of it."""
     web: bool = False
     """The phase offers the CLI's own web search and fetch tools (`Phase.web`)."""
+    sandbox: Sandbox | None = None
+    """The session's sandbox of agent commands, for a CLI that runs inside it."""
+    lifeline: int | None = None
+    """For a CLI run inside the sandbox: the read end of its lifeline (`Sandbox.wrap`)."""
 
 
 # -- the base ---------------------------------------------------------------------------------
@@ -226,6 +233,9 @@ class CliAgent:
     name = "cli"
     tools_note = ""
     announced = False
+    in_sandbox = False
+    """The CLI runs inside the session's sandbox (`argv` wraps it with `plan.sandbox` and
+    `plan.lifeline`, given when bubblewrap works here)."""
 
     def __init__(self, executable: str):
         self.executable = executable
@@ -309,7 +319,8 @@ class CliAgent:
                 session_id = current_session(convo)
                 plan = RunPlan(system_file, mcp_config, session_id, max_turns - turns,
                                timeout_s=deadline - time.monotonic(), workspace=root, server=server,
-                               renewed=renew and session_id is not None, web=toolbox.phase.web)
+                               renewed=renew and session_id is not None, web=toolbox.phase.web,
+                               sandbox=toolbox.session.sandbox())
                 renew = False
                 out, verdict = agent_run(self, toolbox, convo, inbox, plan, budget, deadline,
                                          phase=phase, number=len(transcripts(phase_dir, self.name)) + 1)
@@ -343,7 +354,6 @@ class CliAgent:
                  budget: Budget, deadline: float) -> Outcome:
         phase, phase_dir = toolbox.phase.key, convo.path.parent
         prompt = self.prompt(plan, next_prompt(convo, phase, plan.session_id, list(toolbox.session.state.phases)))
-        argv = self.argv(plan)
         n, transcript = new_transcript(phase_dir, self.name)
         resume = f"resuming session {plan.session_id}" if plan.session_id else "new session"
         started_at = time.time()
@@ -355,8 +365,20 @@ class CliAgent:
         out = Outcome()
         stderr_path = transcript.with_suffix(".stderr")
         env = self.environment(plan)
-        with open(stderr_path, "wb") as stderr:
-            proc = spawn(argv, cwd=toolbox.root, env=env, stderr=stderr, namespace=self.needs_namespace(env))
+        # (read end, write end) of the sandbox's lifeline: the engine holds the write end
+        lifeline = os.pipe() if self.in_sandbox and plan.sandbox is not None and bubblewrap() else None
+        try:
+            argv = self.argv(replace(plan, lifeline=lifeline[0]) if lifeline else plan)
+            with open(stderr_path, "wb") as stderr:
+                proc = spawn(argv, cwd=toolbox.root, env=env, stderr=stderr, namespace=self.needs_namespace(env),
+                             pass_fds=lifeline[:1] if lifeline else ())
+        except BaseException:
+            if lifeline:
+                os.close(lifeline[1])
+            raise
+        finally:
+            if lifeline:
+                os.close(lifeline[0])
         write_line(transcript, {"type": "labrun", "event": "start", "run": n, "at": _now(),
                                 "argv": [redact(a) for a in argv],
                                 "prompt": redact(prompt), "pid": proc.pid, "engine_pid": os.getpid()})
@@ -404,6 +426,8 @@ class CliAgent:
                 stop("engine")
                 out.exit_code = proc.wait()
             kill_tree(proc)  # nothing it started outlives it
+            if lifeline:
+                os.close(lifeline[1])
         stderr_text = stderr_path.read_text(errors="replace")
         if redact(stderr_text) != stderr_text:
             stderr_path.write_text(redact(stderr_text))
@@ -764,14 +788,15 @@ def _die_with_engine() -> None:
     _prctl()(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def spawn(argv: list[str], cwd: Path, env: dict[str, str], stderr, namespace: bool = True) -> subprocess.Popen:
+def spawn(argv: list[str], cwd: Path, env: dict[str, str], stderr, namespace: bool = True,
+          pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
     """Start a CLI run tied to the engine: in a PID namespace that dies with it when asked
     for and bubblewrap can make one, with a parent-death signal in any case. It stays in the
     engine's process group, so a kill of that group reaches it too."""
     wrapper = bwrap() if namespace else None
     _prctl()  # resolved here, not in the forked child
     return subprocess.Popen([wrapper, *BWRAP_ARGS, *argv] if wrapper else argv, cwd=cwd, env=env,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, pass_fds=pass_fds,
                             preexec_fn=_die_with_engine)
 
 

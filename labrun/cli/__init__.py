@@ -34,6 +34,8 @@ environment:
   LABRUN_CLAUDE_PERMISSIONS=skip   claude-code with --dangerously-skip-permissions
   LABRUN_CODEX             the codex executable of the codex agent (default codex)
   CODEX_HOME               Codex's login and sessions (default ~/.codex); CODEX_API_KEY an API key
+  LABRUN_GEMINI            the gemini executable of the gemini agent (default gemini)
+  GEMINI_API_KEY           the gemini agent's API key (else the Google login of `gemini`)
   LABRUN_PHASE_TIMEOUT_S   a coding-CLI phase's time limit (default: the idea's time_limit)
   LABRUN_PASS_ENV          NAME,... environment variables passed on to the agent's commands and
                            to a coding CLI itself (--pass-env: to the experiments' commands only)
@@ -137,7 +139,8 @@ def parser() -> argparse.ArgumentParser:
                      "a resumed one keeps its own)")
     run.add_argument("--model", default=None,
                      help=f"the model (default: for anthropic $LABRUN_MODEL, else {DEFAULT_MODEL}; for "
-                     "claude-code, claude's own; for codex, gpt-5.5; a resumed session keeps its own)")
+                     "claude-code, claude's own; for codex, gpt-5.5; for gemini, gemini-2.5-pro; a resumed "
+                     "session keeps its own)")
     run.add_argument("--with", dest="with_phases", default="", metavar="PHASE,...",
                      help="optional phases to run besides the six research phases: resources, paper "
                      "(default: those the idea asks for)")

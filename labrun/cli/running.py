@@ -170,19 +170,20 @@ def _check_agent(run: Run) -> None:
     server starts."""
     from labrun.agents import CLI_AGENTS, AgentUnavailable
 
+    from labrun.agents import require_priced
+    from labrun.idea import load_idea
+
     stored = _stored_state(Path(run.workspace))
     effective = run.agent or (stored.agent if stored else None)
+    budget = run.budget_usd
+    if budget is None and effective in ("anthropic", "codex", "gemini"):  # labrun prices these: the
+        # session's budget, else the idea's (as Session.open decides)
+        budget = stored.budget_usd if stored else load_idea(run.idea_path).agent_budget_usd
     if effective == "anthropic":
-        from labrun.agents import require_priced
         from labrun.agents.anthropic import check_credentials
-        from labrun.idea import load_idea
 
-        budget = run.budget_usd
-        if budget is None:  # the session's, else the idea's (as Session.open decides)
-            budget = stored.budget_usd if stored else load_idea(run.idea_path).agent_budget_usd
         try:
             check_credentials()
-            require_priced(effective, run.model or (stored.model if stored else None), budget)
         except Exception as e:
             raise CliError(str(e)) from None
     if effective in CLI_AGENTS:
@@ -192,6 +193,10 @@ def _check_agent(run: Run) -> None:
             make_agent(effective, run.model, run.workspace)  # finds the CLI and its login, or says how to get them
         except AgentUnavailable as e:
             raise CliError(str(e)) from None
+    try:
+        require_priced(effective, run.model or (stored.model if stored else None), budget)
+    except Exception as e:
+        raise CliError(str(e)) from None
 
 
 def run_session(run: Run) -> int:

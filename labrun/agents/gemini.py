@@ -1,0 +1,334 @@
+"""The Gemini CLI backend (`--agent gemini`): each phase as headless `gemini` runs in the
+workspace, on labrun's shared CLI base (`labrun.agents.cli_agent`). This module holds what
+is Gemini CLI's; docs/agent-clis.md has what the real Gemini CLI 0.61 was seen to do.
+
+- **The command line.** `--output-format stream-json --skip-trust --approval-mode yolo`
+  (headless, every tool offered: the default mode offers none that writes), `-m` always
+  (no model-router call first, and labrun knows the price), `--resume <session>` to
+  continue; the prompt on stdin (with stdin not a terminal it runs headless).
+- **Its home.** `GEMINI_CLI_HOME` is the workspace's `.labrun/gemini/`, never the user's:
+  labrun writes its `.gemini/settings.json` before every run (the login's auth type, no
+  self-update, no usage statistics, the credentials stripped from its shell's environment,
+  labrun's MCP server with its token read from `LABRUN_MCP_TOKEN`, trusted, with a call
+  timeout above the phase's) and the phase's system prompt as its context file
+  (`context.fileName`), which Gemini CLI appends to its own system prompt and reads anew on
+  every run, so a resumed session gets labrun's current prompt and STATE.md digest. Its
+  sessions are kept there too, so a resume finds them.
+- **Confinement.** Gemini CLI has no sandbox of its own on Linux without docker or podman,
+  and its shell commands lead process groups of their own. So the whole CLI runs in the
+  session's bubblewrap sandbox (`labrun.sandbox`): the workspace and its home writable, the
+  rest read-only, a private /tmp, its own PID namespace that dies with the engine (its
+  lifeline: a watcher inside that ends it all when the engine's end of a pipe closes). The CLI
+  needs the network (the API, labrun's MCP server), so `--no-network` cannot be kept for
+  its commands: labrun says so.
+- **The events.** `init` (the session id), `message`, `tool_use`, `tool_result`, `result`
+  (`status`, `error`, `stats`: this run's tokens alone, also after `--resume`).
+- **Cost.** Gemini CLI reports tokens only: labrun prices them (labrun/prices.py) and marks
+  them estimated. A run killed before its `result` is counted from its session file, where
+  Gemini CLI records each response's tokens as it ends.
+- **How a run ended** (the exit code, `result.error.message`): a daily quota spent: the
+  window, waited out until the quota's reset (midnight Pacific time); another 429 after its
+  own retries (`LABRUN_GEMINI_MAX_ATTEMPTS`, default its 10), a 5xx, a lost connection:
+  transient, backed off by labrun; an invalid key or exit 41: not logged in; an unknown
+  session (exit 42 on `--resume`): a new session.
+- **Login.** `GEMINI_API_KEY` bills an API key; otherwise a Google login (`gemini` once,
+  interactively), whose `oauth_creds.json` in `~/.gemini` (or `$GEMINI_CLI_HOME/.gemini`)
+  labrun copies into its home before each run.
+
+Settings from the environment: `LABRUN_GEMINI` (the executable, default `gemini`),
+`GEMINI_API_KEY`, `GOOGLE_GEMINI_BASE_URL` (another endpoint of the Gemini API),
+`LABRUN_GEMINI_MAX_ATTEMPTS`, `LABRUN_PHASE_TIMEOUT_S`, `LABRUN_CLI_GRACE_S`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from dataclasses import replace
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, Iterator
+from zoneinfo import ZoneInfo
+
+from labrun.agents import AgentUnavailable
+from labrun.agents.cli_agent import (CliAgent, Finished, Outcome, RunPlan, Started, ToolUsed, Verdict, passed_env,
+                                     version)
+from labrun.agents.codex import shorten
+from labrun.sandbox import bubblewrap
+from labrun.usage import Usage
+from labrun.windows import clock
+from labrun.workspace import write_atomic
+
+log = logging.getLogger("labrun")
+
+TOOLS_NOTE = "gemini.md.j2"
+DEFAULT_MODEL = "gemini-2.5-pro"
+CONTEXT_FILE = "labrun-phase.md"
+OAUTH_FILES = ("oauth_creds.json", "google_accounts.json")
+QUOTA_RESETS_IN = ZoneInfo("America/Los_Angeles")  # the Gemini API's per-day quotas reset at midnight there
+TRANSIENT = re.compile(r"\b(429|5\d\d)\b|quota|rate limit|RESOURCE_EXHAUSTED|UNAVAILABLE|overloaded|high demand|"
+                       r"fetch failed|ECONN|ETIMEDOUT|socket hang up|timed? ?out", re.I)
+KEY_REFUSED = re.compile(r"API_KEY_INVALID|API key not valid|PERMISSION_DENIED|\b40[13]\b", re.I)
+# The exit code of an API error is its HTTP status mod 256.
+EXIT_RATE_LIMITED, EXIT_AUTH, EXIT_INPUT, EXIT_UNTRUSTED = 429 % 256, 41, 42, 55
+EXIT_SERVER = {status % 256 for status in range(500, 600)}
+
+MISSING = ("Gemini CLI is not installed (no `{exe}` on PATH): install it with `npm install -g @google/gemini-cli`, "
+           "then log in by running `gemini` once, or export GEMINI_API_KEY")
+NOT_LOGGED_IN = ("Gemini CLI is not logged in{said}: export GEMINI_API_KEY (a key from Google AI Studio), or run "
+                 "`gemini` once and choose \"Login with Google\"{then}")
+
+
+class GeminiAgent(CliAgent):
+    name = "gemini"
+    tools_note = TOOLS_NOTE
+    in_sandbox = True
+
+    def __init__(self, model: str | None = None, workspace: str | Path | None = None):
+        exe = os.environ.get("LABRUN_GEMINI", "gemini")
+        found = shutil.which(exe)
+        if found is None:
+            raise AgentUnavailable(MISSING.format(exe=exe))
+        super().__init__(found)
+        self.model = model or DEFAULT_MODEL
+        self.workspace = workspace
+        self.login = login()
+        if self.login is None:
+            raise AgentUnavailable(NOT_LOGGED_IN.format(said=" (no GEMINI_API_KEY, no Google login in ~/.gemini)",
+                                                        then=""))
+        attempts = os.environ.get("LABRUN_GEMINI_MAX_ATTEMPTS", "")
+        if attempts and not (attempts.isdigit() and 1 <= int(attempts) <= 10):
+            raise AgentUnavailable(f"LABRUN_GEMINI_MAX_ATTEMPTS={attempts}: give a whole number from 1 to 10 "
+                                   "(Gemini CLI's own attempts at each request), or unset it")
+        self.max_attempts = int(attempts) if attempts else None
+        self.session: str | None = None  # of the run being read
+        self.turns = 0
+        self.in_reply = False
+        self.warned_network = False
+
+    # -- the command line, the home and the environment -------------------------------------------
+
+    def home(self, plan: RunPlan) -> Path:
+        return Path(plan.workspace or self.workspace or ".") / ".labrun" / "gemini"
+
+    def argv(self, plan: RunPlan) -> list[str]:
+        home = self.home(plan)
+        self.write_settings(plan, home)
+        cli = [self.executable, "--output-format", "stream-json", "--skip-trust", "--approval-mode", "yolo",
+               "-m", self.model]
+        if plan.session_id:
+            cli += ["--resume", plan.session_id]
+        if plan.sandbox is None or plan.lifeline is None:
+            return cli
+        if not plan.sandbox.network and not self.warned_network:
+            log.warning("gemini needs the network (the API, labrun's tools), so its shell commands keep it "
+                        "despite --no-network")
+            self.warned_network = True
+        return replace(plan.sandbox, network=True, writable=(*plan.sandbox.writable, home)).wrap(cli, plan.lifeline)
+
+    def write_settings(self, plan: RunPlan, home: Path) -> None:
+        """Its settings and labrun's phase prompt in its home, before every run (the MCP
+        server's address changes with each phase, the prompt's digest with each engine)."""
+        config = home / ".gemini"
+        config.mkdir(parents=True, exist_ok=True)
+        general: dict[str, Any] = {"enableAutoUpdate": False, "enableAutoUpdateNotification": False}
+        if self.max_attempts:
+            general["maxAttempts"] = self.max_attempts
+        settings: dict[str, Any] = {
+            "security": {"auth": {"selectedType": "gemini-api-key" if self.login.startswith("API key")
+                                  else "oauth-personal"},
+                         "environmentVariableRedaction": {"enabled": True}},  # no credentials in its shell
+            "general": general,
+            "privacy": {"usageStatisticsEnabled": False},
+            "context": {"fileName": CONTEXT_FILE},
+        }
+        if plan.server is not None:
+            settings["mcpServers"] = {"labrun": {
+                "httpUrl": plan.server.url, "trust": True, "timeout": int(plan.timeout_s + 300) * 1000,
+                "headers": {"Authorization": "Bearer ${LABRUN_MCP_TOKEN}"}}}  # expanded from its environment
+        write_atomic(config / "settings.json", json.dumps(settings, indent=2))
+        write_atomic(config / CONTEXT_FILE, plan.system_file.read_text())
+        if not self.login.startswith("API key"):
+            copy_google_login(config)
+
+    def environment(self, plan: RunPlan) -> dict[str, str]:
+        names = ["GOOGLE_GEMINI_BASE_URL", "NO_COLOR"]
+        if self.login.startswith("API key"):
+            names.append("GEMINI_API_KEY")
+        env = passed_env(names=names)
+        env["GEMINI_CLI_HOME"] = str(self.home(plan))
+        env["GEMINI_CLI_NO_RELAUNCH"] = "true"  # one process, not a relaunched child with a larger heap
+        if plan.sandbox is not None and bubblewrap() is not None:
+            env["TMPDIR"] = "/tmp"  # the sandbox's own (argv wraps it when bubblewrap works)
+        if plan.server is not None:
+            env["LABRUN_MCP_TOKEN"] = plan.server.token
+        return env
+
+    def needs_namespace(self, env: dict[str, str]) -> bool:
+        return bubblewrap() is None  # the sandbox it runs in has its PID namespace
+
+    def write_mcp_config(self, server, phase_dir: Path) -> None:
+        return None  # in its settings, written before each run
+
+    def announce(self) -> str:
+        said = version(self.executable) or "version unknown"
+        return f"gemini: Gemini CLI {said} ({self.executable}); model {self.model}; login: {self.login}"
+
+    # -- the events ------------------------------------------------------------------------------
+
+    def read(self, event: dict[str, Any]) -> Iterator[Any]:
+        kind = event.get("type")
+        if kind == "init":  # the first event of every run
+            self.turns, self.in_reply = 0, False
+            self.session = event.get("session_id")
+            yield Started(self.session)
+        elif kind in ("message", "tool_use") and (kind == "tool_use" or event.get("role") == "assistant"):
+            self.turns += not self.in_reply  # a model reply: its text and calls
+            self.in_reply = True
+            if kind == "tool_use" and (said := tool_line(event)):
+                yield ToolUsed(said)
+        elif kind in ("tool_result", "message"):
+            self.in_reply = False
+        elif kind == "result":
+            stats = event.get("stats") or {}
+            models = list(stats.get("models") or {})
+            yield Finished(self.session, tokens(stats), None, self.turns, event.get("status"),
+                           event.get("status") != "success", model=models[0] if len(models) == 1 else self.model,
+                           event=event)
+
+    def recover(self, session_id: str | None, since: float) -> Finished | None:
+        """What a run that ended without its `result` was billed: the tokens of each response
+        Gemini CLI recorded in the session's file since the run began."""
+        if not session_id or self.workspace is None:
+            return None
+        replies = session_replies(Path(self.workspace) / ".labrun" / "gemini", session_id, since)
+        if not replies:
+            return None
+        usage = sum((tokens_of_reply(r["tokens"]) for r in replies), Usage())
+        return Finished(session_id, usage, None, len(replies), "recovered", False,
+                        model=replies[-1].get("model") or self.model)
+
+    # -- how a run ended -------------------------------------------------------------------------
+
+    def judge(self, out: Outcome) -> Verdict:
+        root = self.workspace or "."
+        then = f"; then `labrun resume {root}`"
+        if out.finished is None:
+            last = (out.stderr.strip().splitlines() or ["no output on stderr"])[-1]
+            if out.exit_code == EXIT_INPUT and "resuming session" in out.stderr:
+                return Verdict("lost_session", last[:300])
+            if out.exit_code == EXIT_AUTH:
+                return Verdict("logged_out", NOT_LOGGED_IN.format(said=f" ({last[:160]})", then=then))
+            if out.exit_code == EXIT_UNTRUSTED:
+                return Verdict("unusable", f"gemini refused the workspace as untrusted ({last[:200]})")
+            return Verdict("failed", f"gemini exited with code {out.exit_code} before its result ({last[:300]})")
+        if not out.finished.is_error:
+            return Verdict("ok")
+        said = str((out.finished.event.get("error") or {}).get("message") or "")
+        if "daily quota" in said:
+            resets_at = next_quota_reset()
+            return Verdict("window", f"the Gemini API's daily quota of this login is spent until {clock(resets_at)}",
+                           resets_at)
+        if out.exit_code == EXIT_RATE_LIMITED or out.exit_code in EXIT_SERVER or TRANSIENT.search(said):
+            if not KEY_REFUSED.search(said):
+                return Verdict("transient", f"the API is busy or limiting after gemini's own retries: "
+                                            f"{' '.join(said.split())[:200]}")
+        if KEY_REFUSED.search(said):
+            return Verdict("logged_out", NOT_LOGGED_IN.format(said=f" ({' '.join(said.split())[:120]})", then=then))
+        return Verdict("failed", said[:300] or f"gemini failed (exit code {out.exit_code}) with no message")
+
+
+# -- reading Gemini CLI ---------------------------------------------------------------------------
+
+
+def tokens(stats: dict[str, Any]) -> Usage:
+    """A run's `result.stats` in labrun's fields: its `input_tokens` include the cached ones,
+    which labrun counts apart; what `total_tokens` has beyond input and output is the
+    model's thinking, billed as output."""
+    prompt, cached = int(stats.get("input_tokens") or 0), int(stats.get("cached") or 0)
+    output = max(int(stats.get("output_tokens") or 0), int(stats.get("total_tokens") or 0) - prompt)
+    return Usage(input_tokens=prompt - cached, output_tokens=output, cache_read_input_tokens=cached)
+
+
+def tokens_of_reply(counts: dict[str, Any]) -> Usage:
+    """One response's `tokens` in the session file (`input` includes `cached`)."""
+    cached = int(counts.get("cached") or 0)
+    return Usage(input_tokens=int(counts.get("input") or 0) - cached,
+                 output_tokens=int(counts.get("output") or 0) + int(counts.get("thoughts") or 0),
+                 cache_read_input_tokens=cached)
+
+
+def session_replies(home: Path, session_id: str, since: float) -> list[dict[str, Any]]:
+    """The model's responses recorded in the session's file (`.gemini/tmp/<project>/chats/`,
+    JSON lines: messages, and `$set` updates that may hold them too) from `since` on."""
+    found: dict[str, dict[str, Any]] = {}
+    for path in sorted(home.glob(f".gemini/tmp/*/chats/session-*-{session_id[:8]}.jsonl")):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue  # a line cut off by a kill
+                if not isinstance(record, dict):
+                    continue
+                if record.get("sessionId") not in (None, session_id):
+                    break
+                for message in (record.get("$set") or {}).get("messages") or [record]:
+                    if isinstance(message, dict) and message.get("type") == "gemini" and message.get("tokens"):
+                        found[message.get("id") or str(len(found))] = message
+    return [m for m in found.values() if _epoch(m.get("timestamp")) >= since]
+
+
+def _epoch(stamp: Any) -> float:
+    try:
+        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def tool_line(event: dict[str, Any]) -> str | None:
+    """A progress line for one of its tools (labrun's own are logged by the engine)."""
+    name, params = str(event.get("tool_name") or "?"), event.get("parameters") or {}
+    if name.startswith("mcp_labrun_"):
+        return None
+    if name == "run_shell_command":
+        return f"$ {shorten(params.get('command'))}"
+    if params.get("file_path"):
+        return f"{name} {Path(str(params['file_path'])).name}"
+    return name
+
+
+def next_quota_reset(now: float | None = None) -> float:
+    """The next midnight, Pacific time, when per-day quotas reset."""
+    here = datetime.now(QUOTA_RESETS_IN) if now is None else datetime.fromtimestamp(now, QUOTA_RESETS_IN)
+    midnight = (here + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
+    return midnight.timestamp()
+
+
+# -- its login ----------------------------------------------------------------------------------
+
+
+def user_config() -> Path:
+    return Path(os.environ.get("GEMINI_CLI_HOME") or Path.home()) / ".gemini"
+
+
+def login() -> str | None:
+    """Which login Gemini CLI uses, in words (None: none)."""
+    if os.environ.get("GEMINI_API_KEY"):
+        return "API key (GEMINI_API_KEY): usage is billed to that key"
+    if (user_config() / "oauth_creds.json").is_file():
+        return f"Google login ({user_config() / 'oauth_creds.json'}, copied into the workspace's .labrun/gemini)"
+    return None
+
+
+def copy_google_login(config: Path) -> None:
+    """The user's Google login into labrun's home, unless the copy there is newer (Gemini
+    CLI refreshes its access token in place)."""
+    for name in OAUTH_FILES:
+        source, target = user_config() / name, config / name
+        if source.is_file() and (not target.exists() or source.stat().st_mtime > target.stat().st_mtime):
+            shutil.copy2(source, target)
+            target.chmod(0o600)
