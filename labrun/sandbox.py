@@ -74,8 +74,13 @@ class Sandbox:
             args += ["--bind", str(path), str(path)]
         if not self.network:
             args.append("--unshare-net")
-        watcher = ["bash", "-c", _WATCHER.format(fd=lifeline), "labrun-lifeline"]
-        return [*args, "--chdir", str(self.workspace), "--", *watcher, *argv]
+        return [*args, "--chdir", str(self.workspace), "--", *watched(argv, lifeline)]
+
+
+def watched(argv: list[str], lifeline: int) -> list[str]:
+    """`argv` with the lifeline's watcher beside it: run in a PID namespace of bubblewrap's,
+    everything in it ends when the engine's end of the lifeline closes."""
+    return ["bash", "-c", _WATCHER.format(fd=lifeline), "labrun-lifeline", *argv]
 
 
 @lru_cache(maxsize=1)

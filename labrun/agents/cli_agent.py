@@ -90,7 +90,7 @@ from labrun.journal import Conversation
 from labrun.mcp_tools import ToolCall, ToolServer, run_call
 from labrun.model import FatalModelError, TransientModelError, UsageWindowSpent
 from labrun.prices import cost_usd
-from labrun.sandbox import Sandbox, bubblewrap
+from labrun.sandbox import Sandbox, bubblewrap, watched
 from labrun.secrets import redact
 from labrun.tools import ToolBox, ToolResult
 from labrun.turns import RETRY_POLICY, PhaseStopped, back_off
@@ -365,13 +365,16 @@ class CliAgent:
         out = Outcome()
         stderr_path = transcript.with_suffix(".stderr")
         env = self.environment(plan)
-        # (read end, write end) of the sandbox's lifeline: the engine holds the write end
-        lifeline = os.pipe() if self.in_sandbox and plan.sandbox is not None and bubblewrap() else None
+        namespace = self.needs_namespace(env) and bwrap() is not None
+        sandboxed = self.in_sandbox and plan.sandbox is not None and bubblewrap() is not None
+        # (read end, write end) of the lifeline of its bubblewrap (`labrun.sandbox`): the
+        # engine holds the write end
+        lifeline = os.pipe() if namespace or sandboxed else None
         try:
-            argv = self.argv(replace(plan, lifeline=lifeline[0]) if lifeline else plan)
+            argv = self.argv(replace(plan, lifeline=lifeline[0]) if sandboxed else plan)
             with open(stderr_path, "wb") as stderr:
-                proc = spawn(argv, cwd=toolbox.root, env=env, stderr=stderr, namespace=self.needs_namespace(env),
-                             pass_fds=lifeline[:1] if lifeline else ())
+                proc = spawn(argv, cwd=toolbox.root, env=env, stderr=stderr, namespace=namespace,
+                             lifeline=lifeline[0] if lifeline else None)
         except BaseException:
             if lifeline:
                 os.close(lifeline[1])
@@ -788,16 +791,18 @@ def _die_with_engine() -> None:
     _prctl()(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def spawn(argv: list[str], cwd: Path, env: dict[str, str], stderr, namespace: bool = True,
-          pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
-    """Start a CLI run tied to the engine: in a PID namespace that dies with it when asked
-    for and bubblewrap can make one, with a parent-death signal in any case. It stays in the
-    engine's process group, so a kill of that group reaches it too."""
-    wrapper = bwrap() if namespace else None
+def spawn(argv: list[str], cwd: Path, env: dict[str, str], stderr, namespace: bool = False,
+          lifeline: int | None = None) -> subprocess.Popen:
+    """Start a CLI run tied to the engine: with a parent-death signal, and when asked for
+    (`bwrap()` can) in a PID namespace that ends with the lifeline (`labrun.sandbox.watched`).
+    It stays in the engine's process group, so a kill of that group reaches it too.
+    `lifeline`: the read end of the lifeline, passed on to `argv` (which may be a sandbox)."""
+    if namespace:
+        assert lifeline is not None, "a PID namespace needs its lifeline"
+        argv = [bwrap(), *BWRAP_ARGS, *watched(argv, lifeline)]
     _prctl()  # resolved here, not in the forked child
-    return subprocess.Popen([wrapper, *BWRAP_ARGS, *argv] if wrapper else argv, cwd=cwd, env=env,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, pass_fds=pass_fds,
-                            preexec_fn=_die_with_engine)
+    return subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                            pass_fds=() if lifeline is None else (lifeline,), preexec_fn=_die_with_engine)
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
