@@ -2,10 +2,11 @@
 the whole foreground process group), and SIGINT or SIGTERM sent to the labrun process
 alone; at a model call, in an experiment attempt, and while the Prefect API starts.
 
-Each run starts its own Prefect API (no PREFECT_API_URL), as a new user's does. After each
-interruption: the exit code, the message, no process labrun started left alive, STATE.md
-saying what happened; then `labrun resume` finishes the session with nothing redone that
-had finished.
+Each run starts its own Prefect API (no PREFECT_API_URL, LABRUN_KEEP_API=0), as a new
+user's does when the API is not kept. After each interruption: the exit code, the message,
+no process labrun started left alive, STATE.md saying what happened; then `labrun resume`
+finishes the session with nothing redone that had finished. The API kept between runs (the
+default) is the one process that outlives an interrupted run, and only until it is idle.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from support import DEMO_IDEA, labrun, wait_for
+from support import DEMO_IDEA, alive, labrun, wait_for
 from terminal import Terminal
 from labrun.journal import Conversation
 from labrun.state import phase_table
@@ -159,3 +162,30 @@ def test_a_second_ctrl_c_ends_labrun_at_once(tmp_path, own_api_env, prefect_api)
     resumed = labrun("resume", str(ws), env={"LABRUN_SCRIPTED_FAULTS": ""})
     assert resumed.returncode == 0, resumed.stderr
     assert session_status(ws)["session"]["complete"]
+
+
+def test_the_kept_api_alone_outlives_a_ctrl_c_serves_the_resume_and_goes_when_idle(tmp_path, own_api_env):
+    ws = tmp_path / "ws"
+    home = Path(own_api_env["PREFECT_HOME"])
+    env = {**own_api_env, "LABRUN_KEEP_API": "0.25", "LABRUN_SCRIPTED_FAULTS": POINTS["model-call"]}
+    term = Terminal("run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted", env=env)
+    try:
+        reach("model-call", term, ws)
+        kept = json.loads((home / "labrun" / "kept-api.json").read_text())
+        started = time.monotonic()
+        term.ctrl_c()
+        code = term.wait(timeout=30)
+        assert code == 130 and time.monotonic() - started < 5, term.output
+        assert f"interrupted; resume with: labrun resume {ws}" in " ".join(term.output.split()), term.output
+        survivors = term.survivors()
+        assert [int(s.split()[0]) for s in survivors] == [kept["pid"]], survivors  # the kept API, nothing else
+        assert "labrun.serving.kept_api" in survivors[0]
+    finally:
+        term.close() if term.proc.poll() is None else os.close(term.master)
+    resumed = subprocess.run([sys.executable, "-m", "labrun.cli", "resume", str(ws)], capture_output=True, text=True,
+                             timeout=300, env={**env, "LABRUN_SCRIPTED_FAULTS": ""})
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"using the Prefect API at {kept['api_url']} (kept from an earlier run)" in " ".join(resumed.stderr.split())
+    assert session_status(ws)["session"]["complete"]
+    wait_for(lambda: not alive(kept["pid"]), timeout=60, what="the kept API to go once idle")
+    assert not (home / "labrun" / "kept-api.json").exists()

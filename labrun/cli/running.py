@@ -192,6 +192,9 @@ def run_session(run: Run) -> int:
             on_hard_exit(lambda: [kill_group(g) for g in list(running_groups)])
             if api.proc is not None:
                 log.info("starting a Prefect API for this run (no server is running; `labrun server` keeps one)")
+            elif api.origin.startswith("started"):
+                log.info(f"starting a Prefect API, {api.origin.removeprefix('started, ')} "
+                         "(LABRUN_KEEP_API=0: one for each run)")
             else:
                 log.info(f"using the Prefect API at {api.url} ({api.origin})")
             return _run_flow(run, api)

@@ -3,8 +3,9 @@
 A server already running is used as it is: the one PREFECT_API_URL names (in the
 environment or the active Prefect profile), else the one `labrun server` started (it leaves
 its address in PREFECT_HOME/labrun/server.json while it runs). Only without one does the
-run start an API of its own, at once and in the background, while labrun imports the
-engine; it is stopped when the run ends and dies with labrun in any case.
+run start an API, at once and in the background, while labrun imports the engine: the one
+kept between runs (`labrun.serving.kept_api`), or with LABRUN_KEEP_API=0 one for this run
+alone, stopped when the run ends and dying with labrun in any case.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from labrun.serving import ServerError
+from labrun.serving import ServerError, kept_api
 from labrun.serving.processes import free_port, healthy, server_env, start_api, stop, wait_healthy
 
 
@@ -27,6 +28,41 @@ def prefect_home() -> Path:
 
 def server_record() -> Path:
     return prefect_home() / "labrun" / "server.json"
+
+
+def _migrated_marker() -> Path:
+    return prefect_home() / "labrun" / "database-migrated"
+
+
+def _database_stamp() -> str | None:
+    """This Prefect's version and the SQLite database file in PREFECT_HOME (None for another
+    database: its migrations always run)."""
+    from importlib.metadata import version
+
+    if any(os.environ.get(f"PREFECT_{k}_DATABASE_CONNECTION_URL") for k in ("API", "SERVER")):
+        return None
+    try:
+        return f"prefect {version('prefect')} · {prefect_home() / 'prefect.db'} inode {(prefect_home() / 'prefect.db').stat().st_ino}"
+    except OSError:
+        return None
+
+
+def migration_env() -> dict[str, str]:
+    """Prefect checks and runs its migrations at every start (seconds here); skip them when
+    an API that this Prefect started has brought this database up to date already."""
+    stamp = _database_stamp()
+    try:
+        current = stamp is not None and _migrated_marker().read_text() == stamp
+    except OSError:
+        current = False
+    return {"PREFECT_API_DATABASE_MIGRATE_ON_START": "false"} if current else {}
+
+
+def note_database_migrated() -> None:
+    stamp = _database_stamp()
+    if stamp is not None:
+        _migrated_marker().parent.mkdir(parents=True, exist_ok=True)
+        _migrated_marker().write_text(stamp)
 
 
 def configured_api_url() -> str | None:
@@ -53,12 +89,14 @@ def labrun_server_url() -> str | None:
 
 @dataclass
 class RunApi:
-    """The API of one run; `proc` is set when labrun started it."""
+    """The API of one run; `proc` is set when this run started it for itself alone, `kept`
+    (its pid) when it is the API kept between runs."""
 
     url: str
     proc: subprocess.Popen | None = None
     log: Path | None = None
     origin: str = ""
+    kept: int | None = None
 
     @classmethod
     def find_or_start(cls) -> "RunApi":
@@ -68,15 +106,22 @@ class RunApi:
         url = labrun_server_url()
         if url:
             return cls(url, origin="labrun server")
+        minutes = kept_api.idle_minutes()
+        if minutes > 0:
+            kept_api.hold_lease()  # for the rest of this process
+            url, pid, started = kept_api.find_or_start(minutes, migration_env())
+            return cls(url, log=kept_api.log_path(), kept=pid,
+                       origin=f"started, kept for {minutes:g} idle minutes" if started else "kept from an earlier run")
         port = free_port()
         url = f"http://127.0.0.1:{port}/api"
         log = prefect_home() / "labrun" / "api.log"
-        return cls(url, start_api(port, server_env(url), log), log, origin="started")
+        return cls(url, start_api(port, server_env(url) | migration_env(), log), log, origin="started for this run")
 
     def wait(self) -> None:
         """Until it answers; one line says what is wrong when it does not."""
-        if self.proc is not None:
-            wait_healthy(self.url, self.proc, self.log)
+        if self.proc is not None or self.kept is not None:
+            wait_healthy(self.url, self.proc or self.kept, self.log)
+            note_database_migrated()
         elif not healthy(self.url, timeout_s=5):
             raise ServerError(f"the Prefect API at {self.url} ({self.origin}) does not answer; start it "
                               "(`labrun server`), or unset PREFECT_API_URL to let labrun start its own")
