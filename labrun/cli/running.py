@@ -190,13 +190,7 @@ def run_session(run: Run) -> int:
             os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
             on_hard_exit(api.kill)
             on_hard_exit(lambda: [kill_group(g) for g in list(running_groups)])
-            if api.proc is not None:
-                log.info("starting a Prefect API for this run (no server is running; `labrun server` keeps one)")
-            elif api.origin.startswith("started"):
-                log.info(f"starting a Prefect API, {api.origin.removeprefix('started, ')} "
-                         "(LABRUN_KEEP_API=0: one for each run)")
-            else:
-                log.info(f"using the Prefect API at {api.url} ({api.origin})")
+            log.info(api.announcement())
             return _run_flow(run, api)
     except Interrupted as e:
         root = Path(run.workspace)

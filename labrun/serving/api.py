@@ -30,41 +30,6 @@ def server_record() -> Path:
     return prefect_home() / "labrun" / "server.json"
 
 
-def _migrated_marker() -> Path:
-    return prefect_home() / "labrun" / "database-migrated"
-
-
-def _database_stamp() -> str | None:
-    """This Prefect's version and the SQLite database file in PREFECT_HOME (None for another
-    database: its migrations always run)."""
-    from importlib.metadata import version
-
-    if any(os.environ.get(f"PREFECT_{k}_DATABASE_CONNECTION_URL") for k in ("API", "SERVER")):
-        return None
-    try:
-        return f"prefect {version('prefect')} · {prefect_home() / 'prefect.db'} inode {(prefect_home() / 'prefect.db').stat().st_ino}"
-    except OSError:
-        return None
-
-
-def migration_env() -> dict[str, str]:
-    """Prefect checks and runs its migrations at every start (seconds here); skip them when
-    an API that this Prefect started has brought this database up to date already."""
-    stamp = _database_stamp()
-    try:
-        current = stamp is not None and _migrated_marker().read_text() == stamp
-    except OSError:
-        current = False
-    return {"PREFECT_API_DATABASE_MIGRATE_ON_START": "false"} if current else {}
-
-
-def note_database_migrated() -> None:
-    stamp = _database_stamp()
-    if stamp is not None:
-        _migrated_marker().parent.mkdir(parents=True, exist_ok=True)
-        _migrated_marker().write_text(stamp)
-
-
 def configured_api_url() -> str | None:
     """PREFECT_API_URL from the environment, else from the active Prefect profile."""
     if os.environ.get("PREFECT_API_URL"):
@@ -97,31 +62,41 @@ class RunApi:
     log: Path | None = None
     origin: str = ""
     kept: int | None = None
+    reused: bool = False
+    """Running before this run came."""
+
+    def announcement(self) -> str:
+        if self.reused:
+            return f"using the Prefect API at {self.url} ({self.origin})"
+        return f"starting a Prefect API ({self.origin})"
 
     @classmethod
     def find_or_start(cls) -> "RunApi":
         url = configured_api_url()
         if url:
-            return cls(url, origin="PREFECT_API_URL")
+            return cls(url, origin="PREFECT_API_URL", reused=True)
         url = labrun_server_url()
         if url:
-            return cls(url, origin="labrun server")
+            return cls(url, origin="labrun server", reused=True)
         minutes = kept_api.idle_minutes()
         if minutes > 0:
             kept_api.hold_lease()  # for the rest of this process
-            url, pid, started = kept_api.find_or_start(minutes, migration_env())
-            return cls(url, log=kept_api.log_path(), kept=pid,
-                       origin=f"started, kept for {minutes:g} idle minutes" if started else "kept from an earlier run")
+            url, pid, started = kept_api.find_or_start(minutes)
+            if started:
+                return cls(url, log=kept_api.log_path(), kept=pid,
+                           origin=f"kept for later runs until unused for {minutes:g} minutes; LABRUN_KEEP_API=0: "
+                                  "one for each run")
+            return cls(url, log=kept_api.log_path(), kept=pid, origin="kept from an earlier run", reused=True)
         port = free_port()
         url = f"http://127.0.0.1:{port}/api"
         log = prefect_home() / "labrun" / "api.log"
-        return cls(url, start_api(port, server_env(url) | migration_env(), log), log, origin="started for this run")
+        return cls(url, start_api(port, server_env(url), log), log,
+                   origin="for this run; no server is running, `labrun server` keeps one")
 
     def wait(self) -> None:
         """Until it answers; one line says what is wrong when it does not."""
         if self.proc is not None or self.kept is not None:
             wait_healthy(self.url, self.proc or self.kept, self.log)
-            note_database_migrated()
         elif not healthy(self.url, timeout_s=5):
             raise ServerError(f"the Prefect API at {self.url} ({self.origin}) does not answer; start it "
                               "(`labrun server`), or unset PREFECT_API_URL to let labrun start its own")

@@ -82,10 +82,9 @@ def read_record() -> dict | None:
         return None
 
 
-def find_or_start(minutes: float, env: dict[str, str]) -> tuple[str, int, bool]:
+def find_or_start(minutes: float) -> tuple[str, int, bool]:
     """The kept API's URL and pid, and whether this call started it. Call it holding the
-    lease; one run at a time decides (kept-api.start.lock), so two runs start one API. `env`:
-    settings for a new API's start."""
+    lease; one run at a time decides (kept-api.start.lock), so two runs start one API."""
     from labrun.serving.processes import free_port, server_env, spawn
 
     fd = _lock("kept-api.start.lock", fcntl.LOCK_EX)
@@ -96,7 +95,7 @@ def find_or_start(minutes: float, env: dict[str, str]) -> tuple[str, int, bool]:
         port = free_port()
         url = f"http://{DEFAULT_HOST}:{port}/api"
         proc = spawn([sys.executable, "-m", "labrun.serving.kept_api", str(port), str(minutes)],
-                     server_env(url) | env, log_path(), die_with_parent=False)
+                     server_env(url), log_path(), die_with_parent=False)
         record_path().write_text(json.dumps({"api_url": url, "pid": proc.pid}))
         return url, proc.pid, True
     finally:
