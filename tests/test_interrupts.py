@@ -167,11 +167,15 @@ def test_a_second_ctrl_c_ends_labrun_at_once(tmp_path, own_api_env, prefect_api)
 def test_the_kept_api_alone_outlives_a_ctrl_c_serves_the_resume_and_goes_when_idle(tmp_path, own_api_env):
     ws = tmp_path / "ws"
     home = Path(own_api_env["PREFECT_HOME"])
-    env = {**own_api_env, "LABRUN_KEEP_API": "0.25", "LABRUN_SCRIPTED_FAULTS": POINTS["model-call"]}
+    idle_s = 15
+    env = {**own_api_env, "LABRUN_KEEP_API": str(idle_s / 60), "LABRUN_SCRIPTED_FAULTS": POINTS["model-call"]}
+    began = time.monotonic()
     term = Terminal("run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted", env=env)
     try:
         reach("model-call", term, ws)
         kept = json.loads((home / "labrun" / "kept-api.json").read_text())
+        time.sleep(max(0.0, began + idle_s + 5 - time.monotonic()))
+        assert alive(kept["pid"]), "the kept API went while a run used it"
         started = time.monotonic()
         term.ctrl_c()
         code = term.wait(timeout=30)
