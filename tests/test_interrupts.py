@@ -189,7 +189,7 @@ def test_the_kept_api_alone_outlives_a_ctrl_c_serves_the_resume_and_goes_when_id
     resumed = subprocess.run([sys.executable, "-m", "labrun.cli", "resume", str(ws)], capture_output=True, text=True,
                              timeout=300, env={**env, "LABRUN_SCRIPTED_FAULTS": ""})
     assert resumed.returncode == 0, resumed.stderr
-    assert f"using the Prefect API at {kept['api_url']} (kept from an earlier run)" in " ".join(resumed.stderr.split())
+    assert f"using the Prefect API at {kept['api_url']} (kept between runs)" in " ".join(resumed.stderr.split())
     assert session_status(ws)["session"]["complete"]
     wait_for(lambda: not alive(kept["pid"]), timeout=60, what="the kept API to go once idle")
     assert not (home / "labrun" / "kept-api.json").exists()

@@ -86,7 +86,7 @@ class RunApi:
                 return cls(url, log=kept_api.log_path(), kept=pid,
                            origin=f"kept for later runs until unused for {minutes:g} minutes; LABRUN_KEEP_API=0: "
                                   "one for each run")
-            return cls(url, log=kept_api.log_path(), kept=pid, origin="kept from an earlier run", reused=True)
+            return cls(url, log=kept_api.log_path(), kept=pid, origin="kept between runs", reused=True)
         port = free_port()
         url = f"http://127.0.0.1:{port}/api"
         log = prefect_home() / "labrun" / "api.log"
