@@ -164,16 +164,20 @@ def test_a_second_ctrl_c_ends_labrun_at_once(tmp_path, own_api_env, prefect_api)
     assert session_status(ws)["session"]["complete"]
 
 
-def test_the_kept_api_alone_outlives_a_ctrl_c_serves_the_resume_and_goes_when_idle(tmp_path, own_api_env):
+def test_the_kept_api_outlasts_a_finished_run_but_not_a_ctrl_c_and_goes_when_idle(tmp_path, own_api_env):
+    """The API kept between runs stays while a run uses it, goes with a run interrupted from
+    the terminal (nothing labrun started outlives that), stays after a run that finished,
+    serving the next, and goes by itself once idle."""
     ws = tmp_path / "ws"
     home = Path(own_api_env["PREFECT_HOME"])
+    record = home / "labrun" / "kept-api.json"
     idle_s = 15
     env = {**own_api_env, "LABRUN_KEEP_API": str(idle_s / 60), "LABRUN_SCRIPTED_FAULTS": POINTS["model-call"]}
     began = time.monotonic()
     term = Terminal("run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted", env=env)
     try:
         reach("model-call", term, ws)
-        kept = json.loads((home / "labrun" / "kept-api.json").read_text())
+        kept = json.loads(record.read_text())
         time.sleep(max(0.0, began + idle_s + 5 - time.monotonic()))
         assert alive(kept["pid"]), "the kept API went while a run used it"
         started = time.monotonic()
@@ -181,15 +185,21 @@ def test_the_kept_api_alone_outlives_a_ctrl_c_serves_the_resume_and_goes_when_id
         code = term.wait(timeout=30)
         assert code == 130 and time.monotonic() - started < 5, term.output
         assert f"interrupted; resume with: labrun resume {ws}" in " ".join(term.output.split()), term.output
-        survivors = term.survivors()
-        assert [int(s.split()[0]) for s in survivors] == [kept["pid"]], survivors  # the kept API, nothing else
-        assert "labrun.serving.kept_api" in survivors[0]
+        assert term.survivors() == [] and not alive(kept["pid"]) and not record.exists()
     finally:
         term.close() if term.proc.poll() is None else os.close(term.master)
-    resumed = subprocess.run([sys.executable, "-m", "labrun.cli", "resume", str(ws)], capture_output=True, text=True,
-                             timeout=300, env={**env, "LABRUN_SCRIPTED_FAULTS": ""})
+
+    def labrun_cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "labrun.cli", *args], capture_output=True, text=True,
+                              timeout=300, env={**env, "LABRUN_SCRIPTED_FAULTS": ""})
+    resumed = labrun_cli("resume", str(ws))
     assert resumed.returncode == 0, resumed.stderr
-    assert f"using the Prefect API at {kept['api_url']} (kept between runs)" in " ".join(resumed.stderr.split())
+    assert "starting a Prefect API (kept for later runs" in " ".join(resumed.stderr.split())
     assert session_status(ws)["session"]["complete"]
+    kept = json.loads(record.read_text())
+    assert alive(kept["pid"])  # a finished run leaves it for the next
+    other = labrun_cli("run", str(DEMO_IDEA), "--workspace", str(tmp_path / "ws2"), "--agent", "scripted")
+    assert other.returncode == 0, other.stderr
+    assert f"using the Prefect API at {kept['api_url']} (kept between runs)" in " ".join(other.stderr.split())
     wait_for(lambda: not alive(kept["pid"]), timeout=60, what="the kept API to go once idle")
-    assert not (home / "labrun" / "kept-api.json").exists()
+    assert not record.exists()

@@ -182,7 +182,7 @@ def run_session(run: Run) -> int:
     _configure_logging()
     _check_agent(run)
     log = logging.getLogger("labrun")
-    api = None
+    api, interrupted = None, False
     try:
         with stop_on_signals():
             api = RunApi.find_or_start()
@@ -193,6 +193,7 @@ def run_session(run: Run) -> int:
             log.info(api.announcement())
             return _run_flow(run, api)
     except Interrupted as e:
+        interrupted = True
         root = Path(run.workspace)
         if (root / ".labrun" / "state.json").is_file():
             err.print(f"[yellow]labrun: interrupted; resume with: labrun resume {run.workspace}[/yellow]")
@@ -206,6 +207,8 @@ def run_session(run: Run) -> int:
         if api is not None:
             _flush_prefect()
             api.stop()
+            if interrupted:
+                api.interrupted()
 
 
 def _run_flow(run: Run, api) -> int:

@@ -62,6 +62,8 @@ class RunApi:
     log: Path | None = None
     origin: str = ""
     kept: int | None = None
+    lease: int | None = None
+    """This run's lease on the kept API (`kept_api.hold_lease`)."""
     reused: bool = False
     """Running before this run came."""
 
@@ -80,13 +82,13 @@ class RunApi:
             return cls(url, origin="labrun server", reused=True)
         minutes = kept_api.idle_minutes()
         if minutes > 0:
-            kept_api.hold_lease()  # for the rest of this process
+            lease = kept_api.hold_lease()  # for the rest of this process
             url, pid, started = kept_api.find_or_start(minutes)
             if started:
-                return cls(url, log=kept_api.log_path(), kept=pid,
+                return cls(url, log=kept_api.log_path(), kept=pid, lease=lease,
                            origin=f"kept for later runs until unused for {minutes:g} minutes; LABRUN_KEEP_API=0: "
                                   "one for each run")
-            return cls(url, log=kept_api.log_path(), kept=pid, origin="kept between runs", reused=True)
+            return cls(url, log=kept_api.log_path(), kept=pid, lease=lease, origin="kept between runs", reused=True)
         port = free_port()
         url = f"http://127.0.0.1:{port}/api"
         log = prefect_home() / "labrun" / "api.log"
@@ -101,8 +103,15 @@ class RunApi:
             raise ServerError(f"the Prefect API at {self.url} ({self.origin}) does not answer; start it "
                               "(`labrun server`), or unset PREFECT_API_URL to let labrun start its own")
 
+    def interrupted(self, grace_s: float = 1.0) -> None:
+        """The run was interrupted: nothing it started may outlive it, so the kept API goes
+        too unless another run is using it."""
+        if self.lease is not None:
+            kept_api.stop_unless_used(self.lease, grace_s)
+
     def kill(self) -> None:
         """At once (a second Ctrl-C)."""
+        self.interrupted(grace_s=0)
         if self.proc is not None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)

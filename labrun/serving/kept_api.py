@@ -7,7 +7,8 @@ PREFECT_HOME use it. It exits by itself once no run has used it for LABRUN_KEEP_
 (default 10); LABRUN_KEEP_API=0 turns it off, and each run then starts and stops its own.
 
 Each run holds a shared lock on PREFECT_HOME/labrun/kept-api.lease while it runs (the
-kernel drops it when the run ends, even after `kill -9`). The API counts as idle while it
+kernel drops it when the run ends, even after `kill -9`). An interrupted run (Ctrl-C,
+SIGTERM) leaves nothing behind: it takes the API with it unless another run is using it. The API counts as idle while it
 can take that lock exclusively; when it goes, it takes the lock first and removes its record
 (kept-api.json), so that a run never picks up an API that is on its way out.
 
@@ -69,6 +70,34 @@ def _lock(name: str, how: int) -> int:
 def hold_lease() -> int:
     """For the rest of this run: the kept API does not go while the run holds this."""
     return _lock("kept-api.lease", fcntl.LOCK_SH)
+
+
+def stop_unless_used(lease: int, grace_s: float) -> None:
+    """For an interrupted run: stop the kept API, unless another run holds the lease. Holding
+    it alone, the run keeps it until it exits, so that a run starting now starts anew."""
+    import signal
+
+    from labrun.serving.processes import still_running
+
+    try:
+        fcntl.flock(lease, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return  # another run uses it
+    record = read_record()
+    if record is None:
+        return
+    pid = int(record["pid"])
+    record_path().unlink(missing_ok=True)
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, grace_s)):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait_s
+        while still_running(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not still_running(pid):
+            return
 
 
 def read_record() -> dict | None:
