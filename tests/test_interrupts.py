@@ -172,7 +172,9 @@ def test_the_kept_api_outlasts_a_finished_run_but_not_a_ctrl_c_and_goes_when_idl
     home = Path(own_api_env["PREFECT_HOME"])
     record = home / "labrun" / "kept-api.json"
     idle_s = 15
-    env = {**own_api_env, "LABRUN_KEEP_API": str(idle_s / 60), "LABRUN_SCRIPTED_FAULTS": POINTS["model-call"]}
+    secret = "labrun-test-" + "s3cr3t" * 4
+    env = {**own_api_env, "LABRUN_KEEP_API": str(idle_s / 60), "LABRUN_SCRIPTED_FAULTS": POINTS["model-call"],
+           "SERVICE_API_KEY": secret}
     began = time.monotonic()
     term = Terminal("run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted", env=env)
     try:
@@ -180,6 +182,7 @@ def test_the_kept_api_outlasts_a_finished_run_but_not_a_ctrl_c_and_goes_when_idl
         kept = json.loads(record.read_text())
         time.sleep(max(0.0, began + idle_s + 5 - time.monotonic()))
         assert alive(kept["pid"]), "the kept API went while a run used it"
+        assert secret not in Path(f"/proc/{kept['pid']}/environ").read_text()  # it outlives the run's keys
         started = time.monotonic()
         term.ctrl_c()
         code = term.wait(timeout=30)

@@ -25,6 +25,7 @@ import threading
 import time
 from pathlib import Path
 
+from labrun.secrets import is_secret_name
 from labrun.serving import DEFAULT_HOST
 
 DEFAULT_IDLE_MINUTES = 10.0
@@ -123,8 +124,11 @@ def find_or_start(minutes: float) -> tuple[str, int, bool]:
             return record["api_url"], record["pid"], False
         port = free_port()
         url = f"http://{DEFAULT_HOST}:{port}/api"
+        # It outlives this run, so it keeps none of the run's secrets but Prefect's own (a
+        # database URL with its password).
+        env = {k: v for k, v in os.environ.items() if k.startswith("PREFECT_") or not is_secret_name(k)}
         proc = spawn([sys.executable, "-m", "labrun.serving.kept_api", str(port), str(minutes)],
-                     server_env(url), log_path(), die_with_parent=False)
+                     server_env(url, env), log_path(), die_with_parent=False)
         record_path().write_text(json.dumps({"api_url": url, "pid": proc.pid}))
         return url, proc.pid, True
     finally:
