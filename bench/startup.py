@@ -1,18 +1,22 @@
 """Start-up: the time from invoking `labrun run` to the first phase starting (its
 "phase 1 planning started" line), with a cold Prefect home (no database yet: the very
-first run) and a warm one, labrun's way (its own API started in the background at once, or
-a running server reused) against Prefect's default (the flow called without an API, so
-Prefect starts its ephemeral server when the flow first needs it). Also `labrun run` and
-`labrun resume` on a finished session.
+first run) and a warm one, labrun's ways (the API kept from an earlier run, the default;
+LABRUN_KEEP_API=0, an API started for each run at once, in the background; a running server
+reused) against Prefect's default (the flow called without an API, so Prefect starts its
+ephemeral server when the flow first needs it). Also `labrun run` and `labrun resume` on a
+finished session.
 
     python bench/startup.py [--repeat 3]
 
 The scripted agent; each measured run is stopped (SIGINT) once its first phase has started.
+Python writes its bytecode caches here (PYTHONDONTWRITEBYTECODE is dropped), as in an
+installed labrun.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import statistics
@@ -40,8 +44,9 @@ PREFECT_DEFAULT = (
 
 
 def base_env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "LABRUN_"))}
-    env.update({"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PREFECT_", "LABRUN_")) and k != "PYTHONDONTWRITEBYTECODE"}
+    env.update({"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "LABRUN_KEEP_API": "0",
                 # Prefect's default waits 20 s for its ephemeral server: too short for a first
                 # start (the database migration) on a busy 2-core machine
                 "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300"})
@@ -73,6 +78,20 @@ def to_first_phase(cmd: list[str], env: dict[str, str]) -> float:
             proc.wait()
 
 
+def kept(home: Path) -> dict[str, str]:
+    """The environment of a run that keeps its API (labrun's default) in `home`."""
+    return {**base_env(home), "LABRUN_KEEP_API": "10"}
+
+
+def stop_kept_api(home: Path) -> None:
+    record = home / "labrun" / "kept-api.json"
+    if record.exists():
+        try:
+            os.kill(json.loads(record.read_text())["pid"], signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
 def labrun_run(ws: Path) -> list[str]:
     return [sys.executable, "-m", "labrun.cli", "run", str(DEMO), "--workspace", str(ws), "--agent", "scripted"]
 
@@ -100,16 +119,27 @@ def main() -> None:
             return tmp / f"ws-{next(n)}"
 
         warm = tmp / "warm-home"
-        to_first_phase(labrun_run(ws()), base_env(warm))  # makes the warm home's database
-        for i in range(args.repeat):
-            print(f"round {i + 1} of {args.repeat} …", file=sys.stderr)
-            rows.setdefault("cold home · Prefect's default (ephemeral server on first use)", []).append(
-                to_first_phase(prefect_default(ws()), base_env(tmp / f"cold-p-{i}")))
-            rows.setdefault("cold home · labrun (its API started at once)", []).append(
-                to_first_phase(labrun_run(ws()), base_env(tmp / f"cold-l-{i}")))
-            rows.setdefault("warm home · Prefect's default", []).append(
-                to_first_phase(prefect_default(ws()), base_env(warm)))
-            rows.setdefault("warm home · labrun", []).append(to_first_phase(labrun_run(ws()), base_env(warm)))
+        try:
+            to_first_phase(labrun_run(ws()), kept(warm))  # makes the warm home's database, keeps its API
+            for i in range(args.repeat):
+                print(f"round {i + 1} of {args.repeat} …", file=sys.stderr)
+                rows.setdefault("cold home · Prefect's default (ephemeral server on first use)", []).append(
+                    to_first_phase(prefect_default(ws()), base_env(tmp / f"cold-p-{i}")))
+                try:
+                    rows.setdefault("cold home · labrun (starts the API it keeps, at once)", []).append(
+                        to_first_phase(labrun_run(ws()), kept(tmp / f"cold-k-{i}")))
+                finally:
+                    stop_kept_api(tmp / f"cold-k-{i}")
+                rows.setdefault("cold home · labrun, LABRUN_KEEP_API=0 (an API for this run, at once)", []).append(
+                    to_first_phase(labrun_run(ws()), base_env(tmp / f"cold-l-{i}")))
+                rows.setdefault("warm home · Prefect's default", []).append(
+                    to_first_phase(prefect_default(ws()), base_env(warm)))
+                rows.setdefault("warm home · labrun, LABRUN_KEEP_API=0 (an API for this run)", []).append(
+                    to_first_phase(labrun_run(ws()), base_env(warm)))
+                rows.setdefault("warm home · labrun (the API kept from an earlier run)", []).append(
+                    to_first_phase(labrun_run(ws()), kept(warm)))
+        finally:
+            stop_kept_api(warm)
 
         port = free_port()
         url = f"http://127.0.0.1:{port}/api"

@@ -50,6 +50,7 @@ def make_env(root: Path) -> Environment:
     roots = dict.fromkeys([str(root), str(TEMPLATES)])
     env = Environment(
         loader=ChoiceLoader([FileSystemLoader(r) for r in roots]),
+        bytecode_cache=resources.template_cache(),
         undefined=StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,

@@ -3,6 +3,7 @@ clone (the repository's layout) and inside it in an installed wheel (pyproject m
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parent
@@ -15,3 +16,12 @@ def resource(name: str) -> Path:
 
 TEMPLATES = resource("templates")
 EXAMPLES = resource("examples")
+
+
+@functools.cache
+def template_cache():
+    """Compiled templates kept between runs (Jinja's cache in the user's temporary folder,
+    keyed by each template's source): compiling them anew costs a run about half a second."""
+    from jinja2 import FileSystemBytecodeCache
+
+    return FileSystemBytecodeCache()

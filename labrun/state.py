@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from labrun.plan import Plan, coverage, output_exists
 from labrun.crashpoints import crashpoint
-from labrun.resources import TEMPLATES
+from labrun.resources import TEMPLATES, template_cache
 from labrun.secrets import redact
 from labrun.usage import Usage, reported_spend
 from labrun.workspace import Workspace, write_atomic
@@ -206,6 +206,7 @@ def _demote_headings(text: str) -> str:
 
 _env = Environment(
     loader=FileSystemLoader(TEMPLATES),
+    bytecode_cache=template_cache(),
     undefined=StrictUndefined,
     trim_blocks=True,
     lstrip_blocks=True,

@@ -2,10 +2,11 @@
 the whole foreground process group), and SIGINT or SIGTERM sent to the labrun process
 alone; at a model call, in an experiment attempt, and while the Prefect API starts.
 
-Each run starts its own Prefect API (no PREFECT_API_URL), as a new user's does. After each
-interruption: the exit code, the message, no process labrun started left alive, STATE.md
-saying what happened; then `labrun resume` finishes the session with nothing redone that
-had finished.
+Each run starts its own Prefect API (no PREFECT_API_URL, LABRUN_KEEP_API=0), as a new
+user's does when the API is not kept. After each interruption: the exit code, the message,
+no process labrun started left alive, STATE.md saying what happened; then `labrun resume`
+finishes the session with nothing redone that had finished. The API kept between runs (the
+default) is the one process that outlives an interrupted run, and only until it is idle.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from support import DEMO_IDEA, labrun, wait_for
+from support import DEMO_IDEA, alive, labrun, wait_for
 from terminal import Terminal
 from labrun.journal import Conversation
 from labrun.state import phase_table
@@ -159,3 +162,47 @@ def test_a_second_ctrl_c_ends_labrun_at_once(tmp_path, own_api_env, prefect_api)
     resumed = labrun("resume", str(ws), env={"LABRUN_SCRIPTED_FAULTS": ""})
     assert resumed.returncode == 0, resumed.stderr
     assert session_status(ws)["session"]["complete"]
+
+
+def test_the_kept_api_outlasts_a_finished_run_but_not_a_ctrl_c_and_goes_when_idle(tmp_path, own_api_env):
+    """The API kept between runs stays while a run uses it, goes with a run interrupted from
+    the terminal (nothing labrun started outlives that), stays after a run that finished,
+    serving the next, and goes by itself once idle."""
+    ws = tmp_path / "ws"
+    home = Path(own_api_env["PREFECT_HOME"])
+    record = home / "labrun" / "kept-api.json"
+    idle_s = 15
+    secret = "labrun-test-" + "s3cr3t" * 4
+    env = {**own_api_env, "LABRUN_KEEP_API": str(idle_s / 60), "LABRUN_SCRIPTED_FAULTS": POINTS["model-call"],
+           "SERVICE_API_KEY": secret}
+    began = time.monotonic()
+    term = Terminal("run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted", env=env)
+    try:
+        reach("model-call", term, ws)
+        kept = json.loads(record.read_text())
+        time.sleep(max(0.0, began + idle_s + 5 - time.monotonic()))
+        assert alive(kept["pid"]), "the kept API went while a run used it"
+        assert secret not in Path(f"/proc/{kept['pid']}/environ").read_text()  # it outlives the run's keys
+        started = time.monotonic()
+        term.ctrl_c()
+        code = term.wait(timeout=30)
+        assert code == 130 and time.monotonic() - started < 5, term.output
+        assert f"interrupted; resume with: labrun resume {ws}" in " ".join(term.output.split()), term.output
+        assert term.survivors() == [] and not alive(kept["pid"]) and not record.exists()
+    finally:
+        term.close() if term.proc.poll() is None else os.close(term.master)
+
+    def labrun_cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "labrun.cli", *args], capture_output=True, text=True,
+                              timeout=300, env={**env, "LABRUN_SCRIPTED_FAULTS": ""})
+    resumed = labrun_cli("resume", str(ws))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "starting a Prefect API (kept for later runs" in " ".join(resumed.stderr.split())
+    assert session_status(ws)["session"]["complete"]
+    kept = json.loads(record.read_text())
+    assert alive(kept["pid"])  # a finished run leaves it for the next
+    other = labrun_cli("run", str(DEMO_IDEA), "--workspace", str(tmp_path / "ws2"), "--agent", "scripted")
+    assert other.returncode == 0, other.stderr
+    assert f"using the Prefect API at {kept['api_url']} (kept between runs)" in " ".join(other.stderr.split())
+    wait_for(lambda: not alive(kept["pid"]), timeout=60, what="the kept API to go once idle")
+    assert not record.exists()

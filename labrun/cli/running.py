@@ -208,7 +208,7 @@ def run_session(run: Run) -> int:
     _configure_logging()
     _check_agent(run)
     log = logging.getLogger("labrun")
-    api = None
+    api, interrupted = None, False
     try:
         with stop_on_signals():
             api = RunApi.find_or_start()
@@ -216,12 +216,10 @@ def run_session(run: Run) -> int:
             os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
             on_hard_exit(api.kill)
             on_hard_exit(lambda: [kill_group(g) for g in list(running_groups)])
-            if api.proc is not None:
-                log.info("starting a Prefect API for this run (no server is running; `labrun server` keeps one)")
-            else:
-                log.info(f"using the Prefect API at {api.url} ({api.origin})")
+            log.info(api.announcement())
             return _run_flow(run, api)
     except Interrupted as e:
+        interrupted = True
         root = Path(run.workspace)
         if (root / ".labrun" / "state.json").is_file():
             err.print(f"[yellow]labrun: interrupted; resume with: labrun resume {run.workspace}[/yellow]")
@@ -235,6 +233,8 @@ def run_session(run: Run) -> int:
         if api is not None:
             _flush_prefect()
             api.stop()
+            if interrupted:
+                api.interrupted()
 
 
 def _run_flow(run: Run, api) -> int:

@@ -3,8 +3,9 @@
 A server already running is used as it is: the one PREFECT_API_URL names (in the
 environment or the active Prefect profile), else the one `labrun server` started (it leaves
 its address in PREFECT_HOME/labrun/server.json while it runs). Only without one does the
-run start an API of its own, at once and in the background, while labrun imports the
-engine; it is stopped when the run ends and dies with labrun in any case.
+run start an API, at once and in the background, while labrun imports the engine: the one
+kept between runs (`labrun.serving.kept_api`), or with LABRUN_KEEP_API=0 one for this run
+alone, stopped when the run ends and dying with labrun in any case.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from labrun.serving import ServerError
+from labrun.serving import ServerError, kept_api
 from labrun.serving.processes import free_port, healthy, server_env, start_api, stop, wait_healthy
 
 
@@ -53,36 +54,64 @@ def labrun_server_url() -> str | None:
 
 @dataclass
 class RunApi:
-    """The API of one run; `proc` is set when labrun started it."""
+    """The API of one run; `proc` is set when this run started it for itself alone, `kept`
+    (its pid) when it is the API kept between runs."""
 
     url: str
     proc: subprocess.Popen | None = None
     log: Path | None = None
     origin: str = ""
+    kept: int | None = None
+    lease: int | None = None
+    """This run's lease on the kept API (`kept_api.hold_lease`)."""
+    reused: bool = False
+    """Running before this run came."""
+
+    def announcement(self) -> str:
+        if self.reused:
+            return f"using the Prefect API at {self.url} ({self.origin})"
+        return f"starting a Prefect API ({self.origin})"
 
     @classmethod
     def find_or_start(cls) -> "RunApi":
         url = configured_api_url()
         if url:
-            return cls(url, origin="PREFECT_API_URL")
+            return cls(url, origin="PREFECT_API_URL", reused=True)
         url = labrun_server_url()
         if url:
-            return cls(url, origin="labrun server")
+            return cls(url, origin="labrun server", reused=True)
+        minutes = kept_api.idle_minutes()
+        if minutes > 0:
+            lease = kept_api.hold_lease()  # for the rest of this process
+            url, pid, started = kept_api.find_or_start(minutes)
+            if started:
+                return cls(url, log=kept_api.log_path(), kept=pid, lease=lease,
+                           origin=f"kept for later runs until unused for {minutes:g} minutes; LABRUN_KEEP_API=0: "
+                                  "one for each run")
+            return cls(url, log=kept_api.log_path(), kept=pid, lease=lease, origin="kept between runs", reused=True)
         port = free_port()
         url = f"http://127.0.0.1:{port}/api"
         log = prefect_home() / "labrun" / "api.log"
-        return cls(url, start_api(port, server_env(url), log), log, origin="started")
+        return cls(url, start_api(port, server_env(url), log), log,
+                   origin="for this run; no server is running, `labrun server` keeps one")
 
     def wait(self) -> None:
         """Until it answers; one line says what is wrong when it does not."""
-        if self.proc is not None:
-            wait_healthy(self.url, self.proc, self.log)
+        if self.proc is not None or self.kept is not None:
+            wait_healthy(self.url, self.proc or self.kept, self.log)
         elif not healthy(self.url, timeout_s=5):
             raise ServerError(f"the Prefect API at {self.url} ({self.origin}) does not answer; start it "
                               "(`labrun server`), or unset PREFECT_API_URL to let labrun start its own")
 
+    def interrupted(self, grace_s: float = 1.0) -> None:
+        """The run was interrupted: nothing it started may outlive it, so the kept API goes
+        too unless another run is using it."""
+        if self.lease is not None:
+            kept_api.stop_unless_used(self.lease, grace_s)
+
     def kill(self) -> None:
         """At once (a second Ctrl-C)."""
+        self.interrupted(grace_s=0)
         if self.proc is not None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)

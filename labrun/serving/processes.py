@@ -68,9 +68,10 @@ def _die_with_parent(parent: int):
     return preexec
 
 
-def spawn(cmd: list[str], env: dict[str, str], log: Path | None) -> subprocess.Popen:
-    """`cmd` in a session of its own that dies with this process. Call it from the main
-    thread: the parent-death signal comes when the thread that started the child ends."""
+def spawn(cmd: list[str], env: dict[str, str], log: Path | None, die_with_parent: bool = True) -> subprocess.Popen:
+    """`cmd` in a session of its own that dies with this process (unless not
+    `die_with_parent`). Call it from the main thread: the parent-death signal comes when the
+    thread that started the child ends."""
     out = subprocess.DEVNULL
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -78,7 +79,7 @@ def spawn(cmd: list[str], env: dict[str, str], log: Path | None) -> subprocess.P
     try:
         return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=_die_with_parent(os.getpid()))
+                                preexec_fn=_die_with_parent(os.getpid()) if die_with_parent else None)
     finally:
         if log is not None:
             out.close()
@@ -98,17 +99,28 @@ def start_api(port: int, env: dict[str, str], log: Path) -> subprocess.Popen:
                  env, log)
 
 
-def wait_healthy(api_url: str, proc: subprocess.Popen | None, log: Path | None,
+def wait_healthy(api_url: str, proc: subprocess.Popen | int | None, log: Path | None,
                  timeout_s: float = 180) -> None:
+    """Until the API at `api_url` answers, or `proc` (a child, or the pid of another's) ends."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if healthy(api_url):
             return
-        if proc is not None and proc.poll() is not None:
+        if proc is not None and not still_running(proc):
             tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
-            raise ServerError(f"the Prefect server exited (code {proc.returncode}):\n{tail}")
+            code = f" (code {proc.returncode})" if isinstance(proc, subprocess.Popen) else ""
+            raise ServerError(f"the Prefect server exited{code}:\n{tail}")
         time.sleep(0.1)
     raise ServerError(f"the Prefect server at {api_url} did not answer within {timeout_s:.0f} s")
+
+
+def still_running(proc: subprocess.Popen | int) -> bool:
+    if isinstance(proc, subprocess.Popen):
+        return proc.poll() is None
+    try:
+        return alive(psutil.Process(proc))
+    except psutil.NoSuchProcess:
+        return False
 
 
 def start_worker(env: dict[str, str], log: Path | None = None, pool: str = POOL,

@@ -65,8 +65,18 @@ def test_an_installed_labrun_checks_and_runs_the_demo_offline(installed, tmp_pat
     check = subprocess.run([str(installed), "check", str(example / "ml_label_smoothing_calibration.yaml")],
                            cwd=elsewhere, env=env, capture_output=True, text=True, timeout=60)
     assert check.returncode == 0 and ": valid ·" in check.stdout, check.stderr
-    demo = subprocess.run([str(installed), "demo"], cwd=elsewhere, env=env, capture_output=True,
-                          text=True, timeout=300)
+    try:
+        demo = subprocess.run([str(installed), "demo"], cwd=elsewhere, env=env, capture_output=True,
+                              text=True, timeout=300)
+    finally:  # it keeps its Prefect API for a later run (LABRUN_KEEP_API): stop that here
+        kept = tmp_path / "prefect-home" / "labrun" / "kept-api.json"
+        pid = json.loads(kept.read_text())["pid"] if kept.exists() else None
+        if pid is not None:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    assert pid is not None, "no kept API recorded"
     out = demo.stdout + demo.stderr
     assert demo.returncode == 0, out
     assert "Session complete." in out

@@ -1,0 +1,175 @@
+"""The Prefect API that `labrun run` keeps between runs (LABRUN_KEEP_API, in idle minutes).
+
+Prefect's API needs seconds to import and start, more than the rest of a run's start-up. So
+the first run that finds no server starts this one, detached (a session of its own, no
+parent-death signal: it outlives that run by design), and later runs with the same
+PREFECT_HOME use it. It exits by itself once no run has used it for LABRUN_KEEP_API minutes
+(default 10); LABRUN_KEEP_API=0 turns it off, and each run then starts and stops its own.
+
+Each run holds a shared lock on PREFECT_HOME/labrun/kept-api.lease while it runs (the
+kernel drops it when the run ends, even after `kill -9`). An interrupted run (Ctrl-C,
+SIGTERM) leaves nothing behind: it takes the API with it unless another run is using it. The API counts as idle while it
+can take that lock exclusively; when it goes, it takes the lock first and removes its record
+(kept-api.json), so that a run never picks up an API that is on its way out.
+
+    python -m labrun.serving.kept_api PORT IDLE_MINUTES    (what a run starts)
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+from labrun.secrets import is_secret_name
+from labrun.serving import DEFAULT_HOST
+
+DEFAULT_IDLE_MINUTES = 10.0
+
+
+def idle_minutes() -> float:
+    """LABRUN_KEEP_API: how long the API stays up unused (0: no API is kept)."""
+    raw = os.environ.get("LABRUN_KEEP_API", "").strip().lower()
+    if raw in ("", "on", "yes", "true"):
+        return DEFAULT_IDLE_MINUTES
+    if raw in ("off", "no", "false"):
+        return 0.0
+    try:
+        return max(float(raw), 0.0)
+    except ValueError:
+        from labrun.serving import ServerError
+
+        raise ServerError(f"LABRUN_KEEP_API={raw!r}: give minutes (a number) or 0 to turn it off") from None
+
+
+def _folder() -> Path:
+    from labrun.serving.api import prefect_home
+
+    folder = prefect_home() / "labrun"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def record_path() -> Path:
+    return _folder() / "kept-api.json"
+
+
+def log_path() -> Path:
+    return _folder() / "kept-api.log"
+
+
+def _lock(name: str, how: int) -> int:
+    fd = os.open(_folder() / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, how)
+    return fd
+
+
+def hold_lease() -> int:
+    """For the rest of this run: the kept API does not go while the run holds this."""
+    return _lock("kept-api.lease", fcntl.LOCK_SH)
+
+
+def stop_unless_used(lease: int, grace_s: float) -> None:
+    """For an interrupted run: stop the kept API, unless another run holds the lease. Holding
+    it alone, the run keeps it until it exits, so that a run starting now starts anew."""
+    import signal
+
+    from labrun.serving.processes import still_running
+
+    try:
+        fcntl.flock(lease, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return  # another run uses it
+    record = read_record()
+    if record is None:
+        return
+    pid = int(record["pid"])
+    record_path().unlink(missing_ok=True)
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, grace_s)):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait_s
+        while still_running(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not still_running(pid):
+            return
+
+
+def read_record() -> dict | None:
+    """The kept API's address and pid, if its process is alive."""
+    from labrun.serving.processes import still_running
+
+    try:
+        record = json.loads(record_path().read_text())
+        return record if still_running(int(record["pid"])) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def find_or_start(minutes: float) -> tuple[str, int, bool]:
+    """The kept API's URL and pid, and whether this call started it. Call it holding the
+    lease; one run at a time decides (kept-api.start.lock), so two runs start one API."""
+    from labrun.serving.processes import free_port, server_env, spawn
+
+    fd = _lock("kept-api.start.lock", fcntl.LOCK_EX)
+    try:
+        record = read_record()
+        if record is not None:
+            return record["api_url"], record["pid"], False
+        port = free_port()
+        url = f"http://{DEFAULT_HOST}:{port}/api"
+        # It outlives this run, so it keeps none of the run's secrets but Prefect's own (a
+        # database URL with its password).
+        env = {k: v for k, v in os.environ.items() if k.startswith("PREFECT_") or not is_secret_name(k)}
+        proc = spawn([sys.executable, "-m", "labrun.serving.kept_api", str(port), str(minutes)],
+                     server_env(url, env), log_path(), die_with_parent=False)
+        record_path().write_text(json.dumps({"api_url": url, "pid": proc.pid}))
+        return url, proc.pid, True
+    finally:
+        os.close(fd)
+
+
+def _go_when_idle(server, idle_s: float) -> None:
+    """Stop `server` once no run has held the lease for `idle_s`."""
+    lease = os.open(_folder() / "kept-api.lease", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    idle_since = time.monotonic()
+    while not server.should_exit:
+        time.sleep(min(idle_s / 4, 5.0))
+        try:
+            fcntl.flock(lease, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # a run holds it
+            idle_since = time.monotonic()
+            continue
+        if time.monotonic() - idle_since >= idle_s:
+            # Keep the lock until this process ends: a run starting now waits, then starts anew.
+            try:
+                if json.loads(record_path().read_text()).get("pid") == os.getpid():
+                    record_path().unlink()
+            except (OSError, ValueError):
+                pass
+            server.should_exit = True
+            return
+        fcntl.flock(lease, fcntl.LOCK_UN)
+
+
+def main() -> None:
+    import uvicorn
+
+    port, minutes = int(sys.argv[1]), float(sys.argv[2])
+    # Prefect's ephemeral mode (no UI, only the services a run needs), as it starts its own
+    # API for a flow run without a server.
+    os.environ.update({"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"})
+    server = uvicorn.Server(uvicorn.Config("prefect.server.api.server:create_app", factory=True,
+                                           host=DEFAULT_HOST, port=port, log_level="error", lifespan="on"))
+    threading.Thread(target=_go_when_idle, args=(server, minutes * 60), daemon=True).start()
+    server.run()
+
+
+if __name__ == "__main__":
+    main()
