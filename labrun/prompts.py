@@ -29,6 +29,7 @@ from typing import Any, Sequence
 
 from jinja2 import ChoiceLoader, Environment, FileSystemLoader, StrictUndefined, TemplateNotFound
 
+from labrun.agents.names import web_tools
 from labrun.phases import BY_KEY, DEFAULT, Phase, section_titles
 from labrun.plan import coverage
 from labrun.state import add_clock_filters
@@ -209,8 +210,6 @@ def phase_system_prompt(session: Any, phase_key: str) -> str:
 def template_context(session: Any, phase: Phase) -> dict[str, Any]:
     """What the phase's own templates get besides the idea and the digest: the backend's web
     tools when the phase offers them, and what the phase's `setup` returned (it runs now)."""
-    from labrun.agents import web_tools
-
     context: dict[str, Any] = {"web_tools": web_tools(session.state.agent) if phase.web else ()}
     if phase.setup is not None:
         context.update(phase.setup(session))

@@ -1,11 +1,12 @@
 """Agent backends. Each offers the tools of DESIGN.md and runs one phase at a time; the
 scripted one is an offline stand-in for demos and tests.
 
-The seam is `Agent.run_phase`: drive the phase's conversation until `complete_phase`
-succeeds (then `toolbox.completed` is set), saving every completed step in `convo` as it
-goes, so that a later call with the same journal continues where this one stopped. A model
-API backend only translates one call (`labrun.model.Model`) and gets the durable turn loop
-from `ModelAgent`; an agent with its own loop (a coding CLI) implements `run_phase` itself.
+Their names and web tools are in `names`, which imports none of them. The seam is
+`Agent.run_phase`: drive the phase's conversation until `complete_phase` succeeds (then
+`toolbox.completed` is set), saving every completed step in `convo` as it goes, so that a
+later call with the same journal continues where this one stopped. A model API backend only
+translates one call (`labrun.model.Model`) and gets the durable turn loop from
+`ModelAgent`; an agent with its own loop (a coding CLI) implements `run_phase` itself.
 """
 
 from __future__ import annotations
@@ -13,28 +14,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from labrun.agents.names import AGENTS, CLI_AGENTS, AgentUnavailable
 from labrun.model import Model
+
+__all__ = ["AGENTS", "CLI_AGENTS", "AgentUnavailable", "Agent", "ModelAgent", "make_agent", "require_priced"]
 
 if TYPE_CHECKING:
     from labrun.journal import Conversation
     from labrun.tools import ToolBox
     from labrun.usage import Budget
-
-AGENTS = ("anthropic", "claude-code", "codex", "gemini", "scripted")
-CLI_AGENTS = ("claude-code", "codex", "gemini")
-"""The coding-CLI backends (`labrun.agents.cli_agent`)."""
-WEB_TOOLS = {"anthropic": ("web_search", "web_fetch"), "claude-code": ("WebSearch", "WebFetch")}
-"""The web search and fetch tools each backend has (the Messages API's server tools, Claude
-Code's own); a phase declared `web` offers them."""
-
-
-def web_tools(agent: str) -> tuple[str, ...]:
-    return WEB_TOOLS.get(agent, ())
-
-
-class AgentUnavailable(Exception):
-    pass
-
 
 class Agent(Protocol):
     def run_phase(self, toolbox: "ToolBox", convo: "Conversation", system: str, max_turns: int,

@@ -71,7 +71,7 @@ from pathlib import Path
 from typing import Any, Iterator
 from zoneinfo import ZoneInfo
 
-from labrun.agents import AgentUnavailable, web_tools
+from labrun.agents.names import AgentUnavailable, web_tools
 from labrun.agents.cli_agent import (CliAgent, Finished, Outcome, Retrying, RunPlan, Started, Streamed,
                                      ToolUsed, Verdict, Window, passed_env, version)
 from labrun.usage import Usage

@@ -85,7 +85,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from labrun import prompts
-from labrun.agents import AgentUnavailable
+from labrun.agents.names import AgentUnavailable
 from labrun.journal import Conversation
 from labrun.mcp_tools import ToolCall, ToolServer, run_call
 from labrun.model import FatalModelError, TransientModelError, UsageWindowSpent

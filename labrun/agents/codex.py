@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from labrun import prompts
-from labrun.agents import AgentUnavailable
+from labrun.agents.names import AgentUnavailable
 from labrun.agents.cli_agent import (CliAgent, Finished, Outcome, Retrying, RunPlan, Started, ToolUsed, Verdict,
                                      passed_env, version)
 from labrun.usage import Usage

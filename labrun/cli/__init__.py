@@ -11,19 +11,11 @@ import argparse
 import os
 import sys
 
-from rich.console import Console
-
 from labrun import __version__
 from labrun.agents import AGENTS
+from labrun.cli.common import DEFAULT_AGENT, DEFAULT_MODEL, CliError, err  # noqa: F401  (DEFAULT_MODEL: the tests' too)
 from labrun.serving import (CLIENT_MAX_RETRIES, DEFAULT_CRASH_AFTER_S, DEFAULT_HOST, DEFAULT_PORT,
                             DEFAULT_SESSION_SLOTS, SESSION_DEPLOYMENT, SESSION_QUEUE)
-
-console = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
-
-DEFAULT_AGENT = "anthropic"
-DEFAULT_MODEL = "claude-opus-5-5"
-"""labrun.agents.anthropic.DEFAULT_MODEL, named here so that `--help` needs no SDK import."""
 
 ENVIRONMENT = f"""\
 environment:
@@ -51,36 +43,6 @@ environment:
                            starts one
   PREFECT_HOME             Prefect's database and labrun's server logs (default ~/.prefect)
 """
-
-
-class CliError(Exception):
-    """A one-line message for the user; `code` is the exit status."""
-
-    def __init__(self, message: str, code: int = 2):
-        super().__init__(message)
-        self.code = code
-
-
-def phase_options(with_text: str, paper_style: str | None, asked=None) -> list[str]:
-    """`--with` and `--paper-style` (of `run` and `queue`), checked: the optional phases named.
-    `asked`: those the idea asks for (None: not known yet, so a style is not checked against
-    the paper phase)."""
-    from labrun.paper import load_style
-    from labrun.phases import phase_list
-
-    with_phases = [p.strip() for p in with_text.split(",") if p.strip()]
-    try:
-        keys = phase_list([*with_phases, *(asked or ())])
-    except ValueError as e:
-        raise CliError(f"--with: {e}") from None
-    if paper_style is not None:
-        try:
-            load_style(paper_style)
-        except ValueError as e:
-            raise CliError(f"--paper-style: {e}") from None
-        if asked is not None and "paper" not in keys:
-            raise CliError("--paper-style: this session has no paper phase; add --with paper")
-    return with_phases
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from labrun.cli import CliError, console
+from labrun.cli.common import CliError, console
 from labrun.cli.reading import session_dir
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.markup import escape
 from rich.table import Table
 
-from labrun.cli import CliError, console, err
+from labrun.cli.common import CliError, console, err
 
 
 def cmd_check(args) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from labrun.cli import DEFAULT_AGENT, CliError, console, err, phase_options
+from labrun.cli.common import DEFAULT_AGENT, CliError, console, err, phase_options
 from labrun.resources import EXAMPLES
 
 DEMO_IDEA = EXAMPLES / "demo_noise_averaging.yaml"

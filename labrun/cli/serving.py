@@ -8,13 +8,14 @@ import signal
 import time
 from pathlib import Path
 
-from labrun.cli import CliError, console, err, phase_options
+from labrun.cli.common import CliError, console, err, phase_options
 from labrun.serving import DEFAULT_HOST, DEFAULT_PORT, POOL, QUEUE_DEPLOYMENT, SESSION_DEPLOYMENT, ServerError
 
 
 def cmd_server(args) -> int:
     from labrun.serving import processes
-    from labrun.serving.api import prefect_home, server_record
+    from labrun.serving.api import server_record
+    from labrun.serving.processes import prefect_home
     from labrun.serving.deploy import deploy, deployment_file
     from labrun.serving.prepare import prepare
 

@@ -4,6 +4,7 @@
   limit and the automation that marks a silent run Crashed;
 - `deploy`: `prefect deploy --all` from labrun's `prefect.yaml` (in a clone or a wheel);
 - `processes`: starting and stopping local Prefect servers and workers;
+- `api`: the Prefect API of a `labrun run` (one running already, else `kept_api`'s);
 - `submit`: one session run per idea, each with a workspace of its own.
 
 The names below are what prefect.yaml and the UI know labrun's objects by. Importing this

@@ -19,11 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labrun.serving import ServerError, kept_api
-from labrun.serving.processes import free_port, healthy, server_env, start_api, stop, wait_healthy
-
-
-def prefect_home() -> Path:
-    return Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+from labrun.serving.processes import free_port, healthy, prefect_home, server_env, start_api, stop, wait_healthy
 
 
 def server_record() -> Path:

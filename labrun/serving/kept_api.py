@@ -47,7 +47,7 @@ def idle_minutes() -> float:
 
 
 def _folder() -> Path:
-    from labrun.serving.api import prefect_home
+    from labrun.serving.processes import prefect_home
 
     folder = prefect_home() / "labrun"
     folder.mkdir(parents=True, exist_ok=True)

@@ -50,6 +50,10 @@ def healthy(api_url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
+def prefect_home() -> Path:
+    return Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+
+
 def server_env(api_url: str, base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a server labrun starts: telemetry off (offline it prints
     tracebacks), and every client pointed at it."""
