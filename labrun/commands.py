@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from labrun.sandbox import Sandbox, bubblewrap
+from labrun.sandbox import Lifeline, Sandbox, bubblewrap
 from labrun.secrets import redact, scrubbed_env
 
 
@@ -55,30 +55,20 @@ def run_command(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     argv = ["bash", "-c", command]
     env = scrubbed_env(keys)
-    lifeline = None  # (read end, write end): see labrun.sandbox
-    if sandbox is not None and bubblewrap() is not None:
-        lifeline = os.pipe()
-        argv, env = sandbox.wrap(argv, lifeline[0]), {**env, "TMPDIR": "/tmp"}
+    lifeline = Lifeline() if sandbox is not None and bubblewrap() is not None else None
+    if lifeline:
+        argv, env = sandbox.wrap(argv, lifeline.fd), {**env, "TMPDIR": "/tmp"}
     start = time.monotonic()
-    try:
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                argv,
-                cwd=cwd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                pass_fds=lifeline[:1] if lifeline else (),
-            )
-    except BaseException:
-        if lifeline:
-            os.close(lifeline[1])
-        raise
-    finally:
-        if lifeline:
-            os.close(lifeline[0])
+    with open(log_path, "wb") as log:
+        proc = (lifeline.popen if lifeline else subprocess.Popen)(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     running_groups.add(proc.pid)
     timed_out = too_much = False
     try:
@@ -101,7 +91,7 @@ def run_command(
         proc.wait()
         running_groups.discard(proc.pid)
         if lifeline:
-            os.close(lifeline[1])
+            lifeline.cut()
     duration = time.monotonic() - start
     _redact_file(log_path)
     with open(log_path, "rb") as f:

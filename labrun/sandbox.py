@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import glob
 import logging
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -81,6 +82,27 @@ def watched(argv: list[str], lifeline: int) -> list[str]:
     """`argv` with the lifeline's watcher beside it: run in a PID namespace of bubblewrap's,
     everything in it ends when the engine's end of the lifeline closes."""
     return ["bash", "-c", _WATCHER.format(fd=lifeline), "labrun-lifeline", *argv]
+
+
+class Lifeline:
+    """The pipe a bubblewrap lives on: the process gets the read end (`fd`), the engine only
+    the write end, which `cut` closes once the process has ended (the kernel does it when the
+    engine dies)."""
+
+    def __init__(self) -> None:
+        self.fd, self._held = os.pipe()
+
+    def popen(self, argv: list[str], **kwargs) -> subprocess.Popen:
+        try:
+            return subprocess.Popen(argv, pass_fds=(self.fd,), **kwargs)
+        except BaseException:
+            self.cut()
+            raise
+        finally:
+            os.close(self.fd)  # the process holds its own copy
+
+    def cut(self) -> None:
+        os.close(self._held)
 
 
 @lru_cache(maxsize=1)

@@ -90,7 +90,7 @@ from labrun.journal import Conversation
 from labrun.mcp_tools import ToolCall, ToolServer, run_call
 from labrun.model import FatalModelError, TransientModelError, UsageWindowSpent
 from labrun.prices import cost_usd
-from labrun.sandbox import Sandbox, bubblewrap, watched
+from labrun.sandbox import Lifeline, Sandbox, bubblewrap, watched
 from labrun.secrets import redact
 from labrun.tools import ToolBox, ToolResult
 from labrun.turns import RETRY_POLICY, PhaseStopped, back_off
@@ -367,21 +367,10 @@ class CliAgent:
         env = self.environment(plan)
         namespace = self.needs_namespace(env) and bwrap() is not None
         sandboxed = self.in_sandbox and plan.sandbox is not None and bubblewrap() is not None
-        # (read end, write end) of the lifeline of its bubblewrap (`labrun.sandbox`): the
-        # engine holds the write end
-        lifeline = os.pipe() if namespace or sandboxed else None
-        try:
-            argv = self.argv(replace(plan, lifeline=lifeline[0]) if sandboxed else plan)
-            with open(stderr_path, "wb") as stderr:
-                proc = spawn(argv, cwd=toolbox.root, env=env, stderr=stderr, namespace=namespace,
-                             lifeline=lifeline[0] if lifeline else None)
-        except BaseException:
-            if lifeline:
-                os.close(lifeline[1])
-            raise
-        finally:
-            if lifeline:
-                os.close(lifeline[0])
+        lifeline = Lifeline() if namespace or sandboxed else None
+        argv = self.argv(replace(plan, lifeline=lifeline.fd) if sandboxed else plan)
+        with open(stderr_path, "wb") as stderr:
+            proc = spawn(argv, cwd=toolbox.root, env=env, stderr=stderr, namespace=namespace, lifeline=lifeline)
         write_line(transcript, {"type": "labrun", "event": "start", "run": n, "at": _now(),
                                 "argv": [redact(a) for a in argv],
                                 "prompt": redact(prompt), "pid": proc.pid, "engine_pid": os.getpid()})
@@ -430,7 +419,7 @@ class CliAgent:
                 out.exit_code = proc.wait()
             kill_tree(proc)  # nothing it started outlives it
             if lifeline:
-                os.close(lifeline[1])
+                lifeline.cut()
         stderr_text = stderr_path.read_text(errors="replace")
         if redact(stderr_text) != stderr_text:
             stderr_path.write_text(redact(stderr_text))
@@ -792,17 +781,18 @@ def _die_with_engine() -> None:
 
 
 def spawn(argv: list[str], cwd: Path, env: dict[str, str], stderr, namespace: bool = False,
-          lifeline: int | None = None) -> subprocess.Popen:
+          lifeline: Lifeline | None = None) -> subprocess.Popen:
     """Start a CLI run tied to the engine: with a parent-death signal, and when asked for
     (`bwrap()` can) in a PID namespace that ends with the lifeline (`labrun.sandbox.watched`).
     It stays in the engine's process group, so a kill of that group reaches it too.
-    `lifeline`: the read end of the lifeline, passed on to `argv` (which may be a sandbox)."""
+    `argv` may be a sandbox on the same lifeline."""
     if namespace:
         assert lifeline is not None, "a PID namespace needs its lifeline"
-        argv = [bwrap(), *BWRAP_ARGS, *watched(argv, lifeline)]
+        argv = [bwrap(), *BWRAP_ARGS, *watched(argv, lifeline.fd)]
     _prctl()  # resolved here, not in the forked child
-    return subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
-                            pass_fds=() if lifeline is None else (lifeline,), preexec_fn=_die_with_engine)
+    return (lifeline.popen if lifeline else subprocess.Popen)(
+        argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+        preexec_fn=_die_with_engine)
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
