@@ -28,6 +28,9 @@ def prefect_api() -> str:
     from prefect.server.api.server import SubprocessASGIServer
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
+    from labrun.serving import fresh_db
+
+    fresh_db.create(fresh_db.default_path(dict(os.environ)))  # this run's new home: no migrations
     server = SubprocessASGIServer()
     server.start(timeout=120)
     os.environ["PREFECT_API_URL"] = server.api_url

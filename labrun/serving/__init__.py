@@ -5,6 +5,8 @@
 - `deploy`: `prefect deploy --all` from labrun's `prefect.yaml` (in a clone or a wheel);
 - `processes`: starting and stopping local Prefect servers and workers;
 - `api`: the Prefect API of a `labrun run` (one running already, else `kept_api`'s);
+- `api_process`: the process of an API that labrun starts for its runs;
+- `fresh_db`: a new home's SQLite database, from a schema dump instead of migrations;
 - `submit`: one session run per idea, each with a workspace of its own.
 
 The names below are what prefect.yaml and the UI know labrun's objects by. Importing this

@@ -12,7 +12,7 @@ SIGTERM) leaves nothing behind: it takes the API with it unless another run is u
 can take that lock exclusively; when it goes, it takes the lock first and removes its record
 (kept-api.json), so that a run never picks up an API that is on its way out.
 
-    python -m labrun.serving.kept_api PORT IDLE_MINUTES    (what a run starts)
+Its process is `labrun.serving.api_process` with the idle minutes.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import fcntl
 import json
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -127,7 +126,7 @@ def find_or_start(minutes: float) -> tuple[str, int, bool]:
         # It outlives this run, so it keeps none of the run's secrets but Prefect's own (a
         # database URL with its password).
         env = {k: v for k, v in os.environ.items() if k.startswith("PREFECT_") or not is_secret_name(k)}
-        proc = spawn([sys.executable, "-m", "labrun.serving.kept_api", str(port), str(minutes)],
+        proc = spawn([sys.executable, "-m", "labrun.serving.api_process", str(port), str(minutes)],
                      server_env(url, env), log_path(), die_with_parent=False)
         record_path().write_text(json.dumps({"api_url": url, "pid": proc.pid}))
         return url, proc.pid, True
@@ -135,7 +134,7 @@ def find_or_start(minutes: float) -> tuple[str, int, bool]:
         os.close(fd)
 
 
-def _go_when_idle(server, idle_s: float) -> None:
+def go_when_idle(server, idle_s: float) -> None:
     """Stop `server` once no run has held the lease for `idle_s`."""
     lease = os.open(_folder() / "kept-api.lease", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     idle_since = time.monotonic()
@@ -156,20 +155,3 @@ def _go_when_idle(server, idle_s: float) -> None:
             server.should_exit = True
             return
         fcntl.flock(lease, fcntl.LOCK_UN)
-
-
-def main() -> None:
-    import uvicorn
-
-    port, minutes = int(sys.argv[1]), float(sys.argv[2])
-    # Prefect's ephemeral mode (no UI, only the services a run needs), as it starts its own
-    # API for a flow run without a server.
-    os.environ.update({"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"})
-    server = uvicorn.Server(uvicorn.Config("prefect.server.api.server:create_app", factory=True,
-                                           host=DEFAULT_HOST, port=port, log_level="error", lifespan="on"))
-    threading.Thread(target=_go_when_idle, args=(server, minutes * 60), daemon=True).start()
-    server.run()
-
-
-if __name__ == "__main__":
-    main()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from labrun.serving import CLIENT_MAX_RETRIES, DEFAULT_HOST, POOL, ServerError
+from labrun.serving import CLIENT_MAX_RETRIES, DEFAULT_HOST, POOL, ServerError, fresh_db
 
 PR_SET_PDEATHSIG = 1
 
@@ -90,17 +90,17 @@ def spawn(cmd: list[str], env: dict[str, str], log: Path | None, die_with_parent
 
 
 def start_server(host: str, port: int, env: dict[str, str], log: Path) -> subprocess.Popen:
-    """`prefect server start`: the API, the UI and Prefect's services."""
+    """`prefect server start`: the API, the UI and Prefect's services. A new home's database
+    is loaded from the schema dump first (`fresh_db`); the server's migrations then check it."""
+    database = fresh_db.default_path(env)
+    if database is not None:
+        fresh_db.create(database)
     return spawn([*prefect_cli(), "server", "start", "--host", host, "--port", str(port)], env, log)
 
 
 def start_api(port: int, env: dict[str, str], log: Path) -> subprocess.Popen:
-    """The API alone, as Prefect starts it for a flow run without a server (its ephemeral
-    mode: no UI, only the services a run needs), on 127.0.0.1:`port`."""
-    env = {**env, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
-    return spawn([sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app",
-                  "--host", DEFAULT_HOST, "--port", str(port), "--log-level", "error", "--lifespan", "on"],
-                 env, log)
+    """Prefect's API alone, for one run (`labrun.serving.api_process`), on 127.0.0.1:`port`."""
+    return spawn([sys.executable, "-m", "labrun.serving.api_process", str(port)], env, log)
 
 
 def wait_healthy(api_url: str, proc: subprocess.Popen | int | None, log: Path | None,
