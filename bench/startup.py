@@ -16,6 +16,7 @@ installed labrun.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import signal
@@ -83,6 +84,15 @@ def kept(home: Path) -> dict[str, str]:
     return {**base_env(home), "LABRUN_KEEP_API": "10"}
 
 
+def using_kept_api(home: Path) -> int:
+    """A lease on `home`'s kept API, as a run holds while it runs: each measured run is
+    interrupted, and an interrupted run takes the kept API along unless another run uses it."""
+    (home / "labrun").mkdir(parents=True, exist_ok=True)
+    lease = os.open(home / "labrun" / "kept-api.lease", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(lease, fcntl.LOCK_SH)
+    return lease
+
+
 def stop_kept_api(home: Path) -> None:
     record = home / "labrun" / "kept-api.json"
     if record.exists():
@@ -119,6 +129,7 @@ def main() -> None:
             return tmp / f"ws-{next(n)}"
 
         warm = tmp / "warm-home"
+        lease = using_kept_api(warm)
         try:
             to_first_phase(labrun_run(ws()), kept(warm))  # makes the warm home's database, keeps its API
             for i in range(args.repeat):
@@ -139,6 +150,7 @@ def main() -> None:
                 rows.setdefault("warm home · labrun (the API kept from an earlier run)", []).append(
                     to_first_phase(labrun_run(ws()), kept(warm)))
         finally:
+            os.close(lease)
             stop_kept_api(warm)
 
         port = free_port()

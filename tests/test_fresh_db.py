@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from labrun.serving import fresh_db
+from labrun.serving.processes import free_port, server_env, start_api, stop, wait_healthy
 
 MIGRATE = ("import asyncio; from prefect.server.database import provide_database_interface; "
            "asyncio.run(provide_database_interface().create_db())")
@@ -56,7 +57,7 @@ def test_the_dump_then_prefects_migrations_make_what_its_migrations_alone_make(t
                    timeout=300)
 
     assert schema(home / "prefect.db") == dumped(made)
-    assert fresh_db.holds_every_migration() == (fresh_db.dump_revisions() == fresh_db.dump_revisions(made))
+    assert fresh_db.is_current(home / "prefect.db") == (fresh_db.dump_revisions() == fresh_db.dump_revisions(made))
 
 
 def test_the_dump_makes_only_a_database_that_does_not_exist_for_a_prefect_that_has_its_migrations(
@@ -71,6 +72,7 @@ def test_the_dump_makes_only_a_database_that_does_not_exist_for_a_prefect_that_h
     assert {"flow_run", "task_run", "alembic_version"} <= {
         name for (name,) in sqlite3.connect(made).execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert [p.name for p in made.parent.iterdir()] == ["prefect.db"]  # no part-written file left
+    assert not fresh_db.is_current(existing) and not fresh_db.is_current(tmp_path / "none.db")
 
     # A dump from a newer Prefect than the one installed: Prefect migrates from nothing.
     newer = tmp_path / "newer.sql"
@@ -94,3 +96,19 @@ def test_only_a_database_that_nothing_but_prefect_home_places_is_made_for_prefec
     for url in ("postgresql+asyncpg://u:p@h/db", "sqlite+aiosqlite:///:memory:",
                 "sqlite+aiosqlite:///file:x?mode=memory&cache=shared&uri=true"):
         assert fresh_db.sqlite_path(url) is None
+
+
+def test_labruns_api_starts_on_the_dump_and_leaves_the_block_types_to_prefects_own_server(tmp_path):
+    home = tmp_path / "home"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    api = start_api(port, server_env(url, prefect_env(home)), tmp_path / "api.log")
+    try:
+        wait_healthy(url, api, tmp_path / "api.log")
+    finally:
+        stop(api)
+    assert fresh_db.is_current(home / "prefect.db")
+    db = sqlite3.connect(home / "prefect.db")
+    assert db.execute("SELECT count(*) FROM block_type").fetchone() == (0,)
+    # No memo either: it would tell `prefect server start` that the block types are registered.
+    assert not (home / "memo_store.toml").exists()

@@ -26,13 +26,16 @@ def main() -> None:
     from prefect import settings
 
     database = fresh_db.sqlite_path(settings.get_current_settings().server.database.connection_url.get_secret_value())
-    first_start = {}
-    if database is not None and fresh_db.create(database):
-        # Prefect registers its block types on a new database, 2-3 s; a run needs none, and
-        # the next start of a server on this database registers them.
-        first_start[settings.PREFECT_API_BLOCKS_REGISTER_ON_START] = False
-        if fresh_db.holds_every_migration():  # Prefect's pass would find nothing to do, in a second
-            first_start[settings.PREFECT_API_DATABASE_MIGRATE_ON_START] = False
+    if database is not None:
+        fresh_db.create(database)
+    # Prefect checks at each start that its block types are registered, 1-3 s. A run needs
+    # none (a block that code saves registers its own type) and `prefect server start`, the
+    # UI's server, registers them all; so neither that nor its memo, which would tell such a
+    # server that they are.
+    this_start = {settings.PREFECT_API_BLOCKS_REGISTER_ON_START: False,
+                  settings.PREFECT_MEMOIZE_BLOCK_AUTO_REGISTRATION: False}
+    if database is not None and fresh_db.is_current(database):
+        this_start[settings.PREFECT_API_DATABASE_MIGRATE_ON_START] = False
 
     import uvicorn
 
@@ -42,7 +45,7 @@ def main() -> None:
         from labrun.serving.kept_api import go_when_idle
 
         threading.Thread(target=go_when_idle, args=(server, idle_minutes * 60), daemon=True).start()
-    with settings.temporary_settings(first_start):
+    with settings.temporary_settings(this_start):
         server.run()
 
 

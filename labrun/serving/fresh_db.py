@@ -105,10 +105,20 @@ def create(path: Path) -> bool:
         os.unlink(part)
 
 
-def holds_every_migration() -> bool:
-    """Whether the dump holds every migration the installed Prefect has, so that Prefect's
-    own migration pass would find nothing to do."""
-    return installed_revisions() <= dump_revisions()[1]
+def is_current(path: Path) -> bool:
+    """Whether the database at `path` has every migration the installed Prefect has: it is at
+    the dump's last migration, and the dump holds them all. Prefect's own migration pass
+    would find nothing to do, in a second."""
+    head, held = dump_revisions()
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            (revision,), = db.execute("SELECT version_num FROM alembic_version")
+        finally:
+            db.close()
+    except (sqlite3.Error, ValueError):
+        return False
+    return revision == head and installed_revisions() <= held
 
 
 def write_dump(dump: Path = DUMP) -> None:

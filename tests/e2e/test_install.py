@@ -53,7 +53,7 @@ def test_the_wheel_carries_its_data_and_no_generic_module(installed):
     assert not (site / "templates").exists() and not (site / "examples").exists()
     pkg = site / "labrun"
     for data in ("templates/STATE.md.j2", "examples/demo_noise_averaging.yaml", "prefect.yaml",
-                 "flows/session.py", "phases/phase.py"):
+                 "flows/session.py", "phases/phase.py", "serving/prefect-sqlite-schema.sql"):
         assert (pkg / data).is_file(), data
 
 
