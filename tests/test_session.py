@@ -272,20 +272,20 @@ def test_an_invalid_idea_is_refused_before_anything_runs(tmp_path):
     assert check.returncode == 2 and "idea.hypothesis" in check.stderr
 
 
-def test_another_idea_in_a_used_workspace_is_refused(tmp_path, prefect_api):
+def test_another_idea_in_a_used_workspace_is_refused(tmp_path, prefect_api, cli):
     ws = tmp_path / "ws"
     assert run_flow(ws).is_completed()
     other = tmp_path / "other.yaml"
     shutil.copy(DEMO_IDEA, other)
     with open(other, "a") as f:
         f.write("\n# a different idea file\n")
-    result = labrun("run", str(other), "--workspace", str(ws))
+    result = cli("run", str(other), "--workspace", str(ws))
     assert result.returncode == 2
     assert "already holds a session of another idea" in result.stderr
     # The same idea on its finished session: answered from the files, as `labrun resume` does.
-    same = labrun("run", str(DEMO_IDEA), "--workspace", str(ws))
+    same = cli("run", str(DEMO_IDEA), "--workspace", str(ws))
     assert same.returncode == 0 and "nothing to do" in same.stdout
     (ws / "REPORT.md").unlink()
-    again = labrun("run", str(DEMO_IDEA), "--workspace", str(ws))
+    again = cli("run", str(DEMO_IDEA), "--workspace", str(ws))
     assert again.returncode == 0 and "resuming" in again.stdout, again.stderr
     assert (ws / "REPORT.md").is_file()
