@@ -80,18 +80,22 @@ def run(idea: Path, ws: Path, *args: str):
 @pytest.fixture
 def cli(capsys):
     """`cli("resume", W)`: the same command line, run in this process (no interpreter start,
-    no Prefect import: seconds saved per call). Output as `subprocess.run` gives it."""
+    no Prefect import: seconds saved per call), with `env` over this process's environment
+    while it runs. Output as `subprocess.run` gives it."""
     import logging
     import subprocess
 
     from labrun.cli import main
 
-    def call(*args: str) -> subprocess.CompletedProcess:
+    def call(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         log = logging.getLogger("labrun")
         saved = list(log.handlers), log.propagate, log.level
         capsys.readouterr()
         try:
-            code = main(list(args))
+            with pytest.MonkeyPatch.context() as mp:
+                for name, value in (env or {}).items():
+                    mp.setenv(name, value)
+                code = main(list(args))
         finally:
             log.handlers[:], log.propagate, log.level = saved
         out, err = capsys.readouterr()

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from support import DEMO_IDEA, labrun, start_labrun, wait_for
+from test_anthropic_session import cli  # noqa: F401  (fixture: the resume runs in this process)
 from labrun.agents.scripted import BUG, FIX
 from labrun.state import parse_state_md, phase_table
 
@@ -155,7 +156,7 @@ def _kill(proc) -> None:
 
 
 @pytest.mark.parametrize("where", ["branch-archived", "branch-recorded", "analysis-turn"])
-def test_a_rerun_killed_at_any_step_resumes_on_its_branch(ws, where):
+def test_a_rerun_killed_at_any_step_resumes_on_its_branch(ws, where, forker, cli):
     billed_before = billed_phases(ws)
     args = ("rerun", str(ws), "--from", "experiments", "--note", "killed")
     if where == "analysis-turn":
@@ -167,11 +168,11 @@ def test_a_rerun_killed_at_any_step_resumes_on_its_branch(ws, where):
         refused = labrun("rerun", str(ws), "--from", "analysis")
         one_line_error(refused, "phase analysis has not finished", f"labrun resume {ws}")
     else:
-        proc = start_labrun(*args, env={"LABRUN_CRASH_AT": f"{where}:1"})
-        assert proc.wait(timeout=120) == -signal.SIGKILL, proc.stderr.read()
+        killed = forker.run(list(args), env={"LABRUN_CRASH_AT": f"{where}:1"})
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert (ws / ".labrun/branches/1/branch.json").is_file()
 
-    result = labrun("resume", str(ws))
+    result = cli("resume", str(ws))
     assert result.returncode == 0, result.stderr
     report = status(ws)
     assert report["session"]["complete"] and report["session"]["branch"] == 2

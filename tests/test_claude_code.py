@@ -28,6 +28,7 @@ from labrun.usage import Usage  # noqa: E402
 from labrun.phases import PHASES  # noqa: E402
 
 from auto_responder import IDEA  # noqa: E402  (the same small idea as the Anthropic tests)
+from test_anthropic_session import cli  # noqa: E402,F401  (fixture: labrun runs in this process)
 
 FAKE = Path(__file__).parent / "fake_claude"
 ONLY_FAKE = os.pathsep.join([str(FAKE), str(Path(sys.executable).parent), "/usr/bin", "/bin"])  # the stand-in first
@@ -38,10 +39,12 @@ KICKOFF = "Start phase 1 of 6 (planning)"
 
 
 class Claude:
-    """The stand-in's files for one test: its session store, invocation log and faults."""
+    """The stand-in's files for one test: its session store, invocation log and faults; and
+    `labrun` run with them (in this process: `cli`)."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, in_process):
         self.root = root
+        self.in_process = in_process
         self.home = root / "claude-home"
         self.log = root / "claude-invocations.jsonl"
         self.faults = root / "claude-faults.json"
@@ -57,6 +60,9 @@ class Claude:
             "LABRUN_MIN_WINDOW_WAIT_S": "",
             "LABRUN_RETRY_BASE_S": "0.1",
         }
+
+    def labrun(self, *args: str, **env: str):
+        return self.in_process(*args, env={**self.env, **env})
 
     def fault(self, *faults: dict) -> None:
         self.faults.write_text(json.dumps(list(faults)))
@@ -76,8 +82,8 @@ class Claude:
 
 
 @pytest.fixture
-def claude(tmp_path, prefect_api) -> Claude:
-    return Claude(tmp_path)
+def claude(tmp_path, prefect_api, cli) -> Claude:
+    return Claude(tmp_path, cli)
 
 
 @pytest.fixture
@@ -88,8 +94,7 @@ def idea(tmp_path) -> Path:
 
 
 def run(idea: Path, ws: Path, claude: Claude, *args: str, **env: str):
-    return labrun("run", str(idea), "--workspace", str(ws), "--agent", "claude-code", *args,
-                  env={**claude.env, **env})
+    return claude.labrun("run", str(idea), "--workspace", str(ws), "--agent", "claude-code", *args, **env)
 
 
 def status(ws: Path) -> dict:
@@ -252,7 +257,7 @@ def test_a_killed_engine_resumes_the_claude_session(idea, tmp_path, claude, sess
         for f in claude.home.rglob("*.json"):
             f.unlink()
 
-    result = labrun("resume", str(ws), env=claude.env)
+    result = claude.labrun("resume", str(ws))
     assert_complete(ws, result)
     session = sessions_recorded(ws, "planning")[0]
     calls = claude.calls("planning")
@@ -449,7 +454,7 @@ def test_the_phase_timeout_stops_a_claude_that_never_stops_printing(idea, tmp_pa
     assert sum(e.get("type") == "assistant" for e in events) > 20
     assert "killed at the phase timeout" in events[-1]["note"]
 
-    result = labrun("resume", str(ws), env=claude.env)  # and it is resumable
+    result = claude.labrun("resume", str(ws))  # and it is resumable
     assert_complete(ws, result)
     resumed = claude.calls("planning")[1]
     assert resumed["resume"] == sessions_recorded(ws, "planning")[0]

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from support import DEMO_IDEA, alive, labrun, wait_for
+from support import DEMO_IDEA, alive, wait_for
 from terminal import Terminal
+from test_anthropic_session import cli  # noqa: F401  (fixture: the resumes run in this process)
 from labrun.journal import Conversation
 from labrun.state import phase_table
 from labrun.status import session_status
@@ -91,7 +92,7 @@ CASES = [(point, how) for point in POINTS for how in SIGNALS
 
 @pytest.mark.parametrize("point,how", CASES)
 def test_an_interrupted_run_stops_cleanly_and_resumes_with_nothing_redone(point, how, tmp_path, own_api_env,
-                                                                          prefect_api):
+                                                                          prefect_api, cli, monkeypatch):
     ws = tmp_path / "ws"
     env = {**own_api_env, "LABRUN_SCRIPTED_FAULTS": POINTS[point]}
     term = Terminal("run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted", env=env)
@@ -121,7 +122,8 @@ def test_an_interrupted_run_stops_cleanly_and_resumes_with_nothing_redone(point,
     assert "- Status: RUNNING" not in state_md
     assert "Task run is not set" not in state_md + out
 
-    resumed = labrun("resume", str(ws), env={"LABRUN_SCRIPTED_FAULTS": ""})  # the shared test API
+    monkeypatch.delenv("LABRUN_SCRIPTED_FAULTS", raising=False)
+    resumed = cli("resume", str(ws))  # on the shared test API
     assert resumed.returncode == 0, resumed.stderr
     report = session_status(ws)
     assert {p["key"]: p["runs"] for p in report["phases"]} == {
@@ -137,7 +139,7 @@ def test_an_interrupted_run_stops_cleanly_and_resumes_with_nothing_redone(point,
         assert replies(ws, phase) == SCRIPT_TURNS[phase], phase
 
 
-def test_a_second_ctrl_c_ends_labrun_at_once(tmp_path, own_api_env, prefect_api):
+def test_a_second_ctrl_c_ends_labrun_at_once(tmp_path, own_api_env, prefect_api, cli, monkeypatch):
     """The first Ctrl-C cannot finish: the Prefect API is frozen (SIGSTOP), so the crash
     report hangs. The second ends labrun at once, and with it what it started."""
     ws = tmp_path / "ws"
@@ -159,7 +161,8 @@ def test_a_second_ctrl_c_ends_labrun_at_once(tmp_path, own_api_env, prefect_api)
         assert not term.survivors(), term.survivors()
     finally:
         term.close()
-    resumed = labrun("resume", str(ws), env={"LABRUN_SCRIPTED_FAULTS": ""})
+    monkeypatch.delenv("LABRUN_SCRIPTED_FAULTS", raising=False)
+    resumed = cli("resume", str(ws))
     assert resumed.returncode == 0, resumed.stderr
     assert session_status(ws)["session"]["complete"]
 

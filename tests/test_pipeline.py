@@ -95,7 +95,8 @@ def assert_paper_done(ws: Path, compiled: bool) -> None:
 # -- the scripted agent ---------------------------------------------------------------------
 
 
-def test_kill_9_in_each_new_phase_then_resume_and_a_fresh_run_skips_all_eight(tmp_path, prefect_api, served_paper):
+def test_kill_9_in_each_new_phase_then_resume_and_a_fresh_run_skips_all_eight(tmp_path, prefect_api, served_paper,
+                                                                              cli):
     """An idea asking for both phases (and the AMS style), its session killed in resources'
     second turn, then in the paper's compile (its second turn when there is no TeX): each
     resume redoes no finished phase and no completed turn, and leaves no process of the
@@ -133,10 +134,9 @@ def test_kill_9_in_each_new_phase_then_resume_and_a_fresh_run_skips_all_eight(tm
     elif pgid:
         assert group_alive(pgid)  # unsandboxed, the command outlives the engine
 
-    result = start_labrun("resume", str(ws))
-    out, err = result.communicate(timeout=300)
-    assert result.returncode == 0, err
-    assert "Traceback" not in err
+    result = cli("resume", str(ws))
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
     if pgid:
         assert not group_alive(pgid)
     assert runs(ws) == {**{k: 1 for k in EIGHT}, "resources": 2, "paper": 2}

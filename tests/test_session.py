@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 from support import DEMO_IDEA, group_alive, labrun, start_labrun, wait_for
+from test_anthropic_session import cli  # noqa: F401  (fixture: resumes run in this process)
 from labrun.agents import scripted
 from labrun.sandbox import bubblewrap
 from labrun.journal import Conversation
@@ -160,7 +161,7 @@ def _kill(proc) -> None:
     proc.wait(timeout=30)
 
 
-def test_kill_9_mid_turn_then_resume(tmp_path, prefect_api):
+def test_kill_9_mid_turn_then_resume(tmp_path, prefect_api, cli):
     ws = tmp_path / "ws"
     marker = ws / ".labrun/faults/experiments-3.reached"
     proc = start_labrun("run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted",
@@ -172,7 +173,7 @@ def test_kill_9_mid_turn_then_resume(tmp_path, prefect_api):
     assert [a["status"] for a in status(ws)["attempts"]] == ["FAILED"]
     assert len(replies(ws, "experiments")) == 2
 
-    result = labrun("resume", str(ws))
+    result = cli("resume", str(ws))
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     assert runs(ws) == {"planning": 1, "setup": 1, "implementation": 1, "experiments": 2,
@@ -182,7 +183,7 @@ def test_kill_9_mid_turn_then_resume(tmp_path, prefect_api):
     assert [(a["n"], a["status"]) for a in status(ws)["attempts"]] == [(1, "FAILED"), (2, "SUCCESS")]
 
 
-def test_kill_9_mid_attempt_marks_it_interrupted_and_kills_its_processes(tmp_path, prefect_api):
+def test_kill_9_mid_attempt_marks_it_interrupted_and_kills_its_processes(tmp_path, prefect_api, cli):
     ws = tmp_path / "ws"
     marker = ws / ".labrun/faults/experiments-1.reached"
     proc = start_labrun("run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted",
@@ -198,7 +199,7 @@ def test_kill_9_mid_attempt_marks_it_interrupted_and_kills_its_processes(tmp_pat
         assert group_alive(pgid)  # unsandboxed, the command outlives the engine
     assert "- Status: RUNNING" in (ws / "STATE.md").read_text()
 
-    result = labrun("resume", str(ws))
+    result = cli("resume", str(ws))
     assert result.returncode == 0, result.stderr
     assert not group_alive(pgid)
     attempts = status(ws)["attempts"]
@@ -271,20 +272,20 @@ def test_an_invalid_idea_is_refused_before_anything_runs(tmp_path):
     assert check.returncode == 2 and "idea.hypothesis" in check.stderr
 
 
-def test_another_idea_in_a_used_workspace_is_refused(tmp_path, prefect_api):
+def test_another_idea_in_a_used_workspace_is_refused(tmp_path, prefect_api, cli):
     ws = tmp_path / "ws"
     assert run_flow(ws).is_completed()
     other = tmp_path / "other.yaml"
     shutil.copy(DEMO_IDEA, other)
     with open(other, "a") as f:
         f.write("\n# a different idea file\n")
-    result = labrun("run", str(other), "--workspace", str(ws))
+    result = cli("run", str(other), "--workspace", str(ws))
     assert result.returncode == 2
     assert "already holds a session of another idea" in result.stderr
     # The same idea on its finished session: answered from the files, as `labrun resume` does.
-    same = labrun("run", str(DEMO_IDEA), "--workspace", str(ws))
+    same = cli("run", str(DEMO_IDEA), "--workspace", str(ws))
     assert same.returncode == 0 and "nothing to do" in same.stdout
     (ws / "REPORT.md").unlink()
-    again = labrun("run", str(DEMO_IDEA), "--workspace", str(ws))
+    again = cli("run", str(DEMO_IDEA), "--workspace", str(ws))
     assert again.returncode == 0 and "resuming" in again.stdout, again.stderr
     assert (ws / "REPORT.md").is_file()
