@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from support import DEMO_IDEA, labrun, start_labrun, wait_for
-from test_anthropic_session import cli  # noqa: F401  (fixture: the resume runs in this process)
 from labrun.agents.scripted import BUG, FIX
 from labrun.state import parse_state_md, phase_table
 

@@ -28,7 +28,6 @@ from labrun.usage import Usage  # noqa: E402
 from labrun.phases import PHASES  # noqa: E402
 
 from auto_responder import IDEA  # noqa: E402  (the same small idea as the Anthropic tests)
-from test_anthropic_session import cli  # noqa: E402,F401  (fixture: labrun runs in this process)
 
 FAKE = Path(__file__).parent / "fake_claude"
 ONLY_FAKE = os.pathsep.join([str(FAKE), str(Path(sys.executable).parent), "/usr/bin", "/bin"])  # the stand-in first

@@ -23,7 +23,6 @@ import pytest
 
 from support import DEMO_IDEA, alive, wait_for
 from terminal import Terminal
-from test_anthropic_session import cli  # noqa: F401  (fixture: the resumes run in this process)
 from labrun.journal import Conversation
 from labrun.state import phase_table
 from labrun.status import session_status

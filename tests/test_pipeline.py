@@ -19,7 +19,7 @@ import yaml
 from support import DEMO_IDEA, group_alive, start_labrun, wait_for
 from labrun.sandbox import bubblewrap
 from test_paper import no_tex  # noqa: F401  (a fixture)
-from test_anthropic_session import cli, serve  # noqa: F401  (fixtures)
+from test_anthropic_session import serve  # noqa: F401  (fixture)
 
 from labrun import latex
 from labrun.journal import Conversation

@@ -14,7 +14,6 @@ import shutil
 from pathlib import Path
 
 from support import DEMO_IDEA, group_alive, labrun, start_labrun, wait_for
-from test_anthropic_session import cli  # noqa: F401  (fixture: resumes run in this process)
 from labrun.agents import scripted
 from labrun.sandbox import bubblewrap
 from labrun.journal import Conversation
