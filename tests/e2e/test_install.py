@@ -1,6 +1,7 @@
 """A real install: the wheel built from this clone, installed with pip into a fresh virtual
 environment outside the clone, used from another folder as a new user would: `check`,
-`demo` (offline, its own Prefect API, a new Prefect home), then `server` and `queue`.
+`demo` (offline, its own Prefect API, a new Prefect home), then `server` and `queue`; and
+`pipx install` and `uv tool install` of the clone, each then running `check` and `demo`.
 
 pip's cache keeps the reinstall of labrun's dependencies cheap; nothing is downloaded when
 they are cached (CI has them from its own install).
@@ -58,12 +59,39 @@ def test_the_wheel_carries_its_data_and_no_generic_module(installed):
 
 
 def test_an_installed_labrun_checks_and_runs_the_demo_offline(installed, tmp_path):
-    env = _clean_env(tmp_path / "prefect-home")  # a first run: no Prefect database yet
+    example = next((installed.parents[1] / "lib").glob("python3*/site-packages/labrun/examples"))
+    assert_checks_and_runs_the_demo(installed, example / "ml_label_smoothing_calibration.yaml", tmp_path)
+
+
+@pytest.mark.parametrize("installer", ["pipx", "uv"])
+def test_pipx_and_uv_install_a_labrun_that_checks_and_runs_the_demo(installer, tmp_path):
+    """`pipx install CLONE` and `uv tool install CLONE`, from another folder, each building the
+    wheel itself into a tool environment of its own (here under tmp_path)."""
+    root = tmp_path / installer
+    root.mkdir()
+    env = _clean_env(tmp_path / "prefect-home")
+    if installer == "pipx":
+        env.update({"PIPX_HOME": str(root / "home"), "PIPX_BIN_DIR": str(root / "bin"),
+                    "PIPX_MAN_DIR": str(root / "man")})
+        cmd = [sys.executable, "-m", "pipx", "install", "--python", sys.executable, str(REPO)]
+    else:
+        env.update({"UV_TOOL_DIR": str(root / "tools"), "UV_TOOL_BIN_DIR": str(root / "bin"),
+                    "UV_PYTHON_DOWNLOADS": "never"})
+        cmd = [sys.executable, "-m", "uv", "tool", "install", "--python", sys.executable, str(REPO)]
+    done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert_checks_and_runs_the_demo(root / "bin" / "labrun", REPO / "examples" / "ml_label_smoothing_calibration.yaml",
+                                    tmp_path)
+
+
+def assert_checks_and_runs_the_demo(installed: Path, idea: Path, tmp_path: Path) -> None:
+    """From a folder of its own, with a new Prefect home (a first run: no database yet):
+    `labrun check IDEA` passes, and `labrun demo` finishes offline, printing no noise."""
+    env = _clean_env(tmp_path / "prefect-home")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    example = next((installed.parents[1] / "lib").glob("python3*/site-packages/labrun/examples"))
-    check = subprocess.run([str(installed), "check", str(example / "ml_label_smoothing_calibration.yaml")],
-                           cwd=elsewhere, env=env, capture_output=True, text=True, timeout=60)
+    check = subprocess.run([str(installed), "check", str(idea)], cwd=elsewhere, env=env, capture_output=True,
+                           text=True, timeout=60)
     assert check.returncode == 0 and ": valid ·" in check.stdout, check.stderr
     try:
         demo = subprocess.run([str(installed), "demo"], cwd=elsewhere, env=env, capture_output=True,
