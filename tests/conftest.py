@@ -30,7 +30,7 @@ def prefect_api() -> str:
 
     from labrun.serving import fresh_db
 
-    fresh_db.create(fresh_db.default_path(dict(os.environ)))  # this run's new home: no migrations
+    fresh_db.create_default(dict(os.environ))  # this run's new home: loaded, not migrated
     server = SubprocessASGIServer()
     server.start(timeout=120)
     os.environ["PREFECT_API_URL"] = server.api_url

@@ -91,6 +91,9 @@ def test_only_a_database_that_nothing_but_prefect_home_places_is_made_for_prefec
     home.mkdir()
     (home / "profiles.toml").write_text('[profiles.pg]\nPREFECT_API_DATABASE_CONNECTION_URL = "postgresql+asyncpg://x"\n')
     assert fresh_db.default_path({"PREFECT_HOME": str(home)}) is None
+    assert not fresh_db.create_default({"PREFECT_HOME": str(home)}) and not (home / "prefect.db").exists()
+    assert fresh_db.create_default({"PREFECT_HOME": str(tmp_path / "plain")})
+    assert fresh_db.is_current(tmp_path / "plain" / "prefect.db")
 
     assert fresh_db.sqlite_path(f"sqlite+aiosqlite:///{home}/prefect.db") == home / "prefect.db"
     for url in ("postgresql+asyncpg://u:p@h/db", "sqlite+aiosqlite:///:memory:",

@@ -105,6 +105,13 @@ def create(path: Path) -> bool:
         os.unlink(part)
 
 
+def create_default(env: dict[str, str]) -> bool:
+    """`create` the database that a Prefect server started with `env` uses, when nothing but
+    PREFECT_HOME places it (`default_path`)."""
+    path = default_path(env)
+    return path is not None and create(path)
+
+
 def is_current(path: Path) -> bool:
     """Whether the database at `path` has every migration the installed Prefect has: it is at
     the dump's last migration, and the dump holds them all. Prefect's own migration pass

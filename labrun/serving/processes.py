@@ -92,9 +92,7 @@ def spawn(cmd: list[str], env: dict[str, str], log: Path | None, die_with_parent
 def start_server(host: str, port: int, env: dict[str, str], log: Path) -> subprocess.Popen:
     """`prefect server start`: the API, the UI and Prefect's services. A new home's database
     is loaded from the schema dump first (`fresh_db`); the server's migrations then check it."""
-    database = fresh_db.default_path(env)
-    if database is not None:
-        fresh_db.create(database)
+    fresh_db.create_default(env)
     return spawn([*prefect_cli(), "server", "start", "--host", host, "--port", str(port)], env, log)
 
 

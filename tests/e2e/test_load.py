@@ -38,7 +38,7 @@ from labrun.serving import submit
 from e2e_helpers import FINAL, REPO, UUID_RE, client, idea_copy, labrun, status_json
 
 SESSIONS = int(os.environ.get("LABRUN_LOAD_SESSIONS", "20"))
-"""Sessions in all (CI runs ten: eight at once, and two that wait for a slot to free)."""
+"""Sessions in all (CI runs nine: eight at once, and one that waits for a slot to free)."""
 CONCURRENCY = int(os.environ.get("LABRUN_LOAD_CONCURRENCY", "8"))
 """Sessions at once (the `sessions` work queue's limit; `labrun server` defaults to 4).
 Measured on two cores (while another test run shared them), SQLite: 4 at once, 3.7
