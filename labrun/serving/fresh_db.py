@@ -23,10 +23,10 @@ import re
 import sqlite3
 import sys
 import tempfile
+from functools import lru_cache
 from pathlib import Path
 
 DUMP = Path(__file__).with_name("prefect-sqlite-schema.sql")
-SQLITE_PREFIX = "sqlite+aiosqlite:///"
 
 
 def migrations_dir() -> Path:
@@ -36,13 +36,14 @@ def migrations_dir() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "server/database/_migrations/versions/sqlite"
 
 
-def installed_revisions() -> set[str]:
+@lru_cache(maxsize=1)
+def installed_revisions() -> frozenset[str]:
     found = set()
     for script in migrations_dir().glob("*.py"):
         match = re.search(r"^revision\s*(?::\s*str\s*)?=\s*['\"]([0-9a-f]+)['\"]", script.read_text(), re.M)
         if match:
             found.add(match[1])
-    return found
+    return frozenset(found)
 
 
 def dump_revisions(dump: Path | None = None) -> tuple[str, set[str]]:
@@ -62,9 +63,12 @@ def dump_revisions(dump: Path | None = None) -> tuple[str, set[str]]:
 def sqlite_path(connection_url: str) -> Path | None:
     """The file of a plain SQLite connection URL; None for anything else (PostgreSQL, a
     URL with options, an in-memory database)."""
-    if not connection_url.startswith(SQLITE_PREFIX) or "?" in connection_url or ":memory:" in connection_url:
+    from sqlalchemy.engine import make_url
+
+    url = make_url(connection_url)
+    if url.get_backend_name() != "sqlite" or url.query or url.database in (None, "", ":memory:"):
         return None
-    return Path(connection_url[len(SQLITE_PREFIX):])
+    return Path(url.database)
 
 
 def default_path(env: dict[str, str]) -> Path | None:
