@@ -90,7 +90,7 @@ def test_help_names_every_default_and_the_environment():
     server = " ".join(labrun("server", "--help").stdout.split())
     assert "(default: 4200)" in server and "(default: 90)" in server
     from labrun.agents.anthropic import DEFAULT_MODEL
-    from labrun.cli import DEFAULT_MODEL as named_in_help, parser
+    from labrun.cli.parsing import DEFAULT_MODEL as named_in_help, parser
 
     assert named_in_help == DEFAULT_MODEL
     for command in parser()._subparsers._group_actions[0].choices.values():

@@ -202,7 +202,7 @@ def _check_agent(run: Run) -> None:
 def run_session(run: Run) -> int:
     from labrun.commands import kill_group, running_groups
     from labrun.interrupts import Interrupted, on_hard_exit, stop_on_signals
-    from labrun.serving import ServerError
+    from labrun.serving import ServerError, kept_engine
     from labrun.serving.api import RunApi
 
     _configure_logging()
@@ -217,7 +217,12 @@ def run_session(run: Run) -> int:
             on_hard_exit(api.kill)
             on_hard_exit(lambda: [kill_group(g) for g in list(running_groups)])
             log.info(api.announcement())
-            return _run_flow(run, api)
+            if kept_engine.in_engine:
+                log.info(f"running in the engine kept between runs (pid {os.getppid()}), Prefect imported already")
+            research_session = _import_engine(run.verbose)  # while the API starts
+            api.wait()
+            kept_engine.keep()  # for later runs, now that this one's API answers
+            return _run_flow(run, research_session)
     except Interrupted as e:
         interrupted = True
         root = Path(run.workspace)
@@ -237,15 +242,24 @@ def run_session(run: Run) -> int:
                 api.interrupted()
 
 
-def _run_flow(run: Run, api) -> int:
+def _import_engine(verbose: bool):
+    """The session flow, with Prefect's settings read from this run's environment (a kept
+    engine imported Prefect before this run's API was known)."""
+    from prefect.context import refresh_global_settings_context
+
+    from labrun.flows.session import research_session
+
+    refresh_global_settings_context()
+    _quiet_prefect_console(verbose)
+    return research_session
+
+
+def _run_flow(run: Run, research_session) -> int:
     from labrun.agents import AgentUnavailable
     from labrun.branches import BranchError
-    from labrun.flows.session import research_session
     from labrun.session import SessionMismatch
     from labrun.workspace import WorkspaceBusy
 
-    _quiet_prefect_console(run.verbose)
-    api.wait()
     try:
         research_session(run.idea_path, str(Path(run.workspace).resolve()), run.agent, run.model,
                          run.budget_usd, run.max_turns, list(run.with_phases), run.paper_style, run.network,

@@ -15,7 +15,7 @@ from labrun.serving import DEFAULT_HOST, DEFAULT_PORT, POOL, QUEUE_DEPLOYMENT, S
 def cmd_server(args) -> int:
     from labrun.serving import processes
     from labrun.serving.api import server_record
-    from labrun.serving.processes import prefect_home
+    from labrun.serving import prefect_home
     from labrun.serving.deploy import deploy, deployment_file
     from labrun.serving.prepare import prepare
 

@@ -7,11 +7,15 @@
 - `api`: the Prefect API of a `labrun run` (one running already, else `kept_api`'s);
 - `api_process`: the process of an API that labrun starts for its runs;
 - `fresh_db`: a new home's SQLite database, from a schema dump instead of migrations;
-- `submit`: one session run per idea, each with a workspace of its own.
+- `submit`: one session run per idea, each with a workspace of its own;
+- `kept_engine`: Prefect and labrun's engine, imported once for later runs.
 
 The names below are what prefect.yaml and the UI know labrun's objects by. Importing this
 package does not import Prefect.
 """
+
+import os
+from pathlib import Path
 
 POOL = "labrun"
 SESSION_QUEUE = "sessions"
@@ -30,3 +34,7 @@ retries (about a minute); ten wait out bursts of half an hour."""
 
 class ServerError(Exception):
     """A one-line reason, and what to do about it."""
+
+
+def prefect_home() -> Path:
+    return Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()

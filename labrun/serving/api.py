@@ -18,8 +18,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from labrun.serving import ServerError, kept_api
-from labrun.serving.processes import free_port, healthy, prefect_home, server_env, start_api, stop, wait_healthy
+from labrun.serving import ServerError, kept_api, prefect_home
+from labrun.serving.processes import free_port, healthy, server_env, start_api, stop, wait_healthy
 
 
 def server_record() -> Path:
@@ -59,7 +59,7 @@ class RunApi:
     origin: str = ""
     kept: int | None = None
     lease: int | None = None
-    """This run's lease on the kept API (`kept_api.hold_lease`)."""
+    """This run's lease on the kept API and engine (`kept_api.hold_lease`)."""
     reused: bool = False
     """Running before this run came."""
 
@@ -70,15 +70,15 @@ class RunApi:
 
     @classmethod
     def find_or_start(cls) -> "RunApi":
+        minutes = kept_api.idle_minutes()
+        lease = kept_api.hold_lease() if minutes > 0 else None  # for the rest of this process
         url = configured_api_url()
         if url:
-            return cls(url, origin="PREFECT_API_URL", reused=True)
+            return cls(url, origin="PREFECT_API_URL", lease=lease, reused=True)
         url = labrun_server_url()
         if url:
-            return cls(url, origin="labrun server", reused=True)
-        minutes = kept_api.idle_minutes()
+            return cls(url, origin="labrun server", lease=lease, reused=True)
         if minutes > 0:
-            lease = kept_api.hold_lease()  # for the rest of this process
             url, pid, started = kept_api.find_or_start(minutes)
             if started:
                 return cls(url, log=kept_api.log_path(), kept=pid, lease=lease,
@@ -100,8 +100,8 @@ class RunApi:
                               "(`labrun server`), or unset PREFECT_API_URL to let labrun start its own")
 
     def interrupted(self, grace_s: float = 1.0) -> None:
-        """The run was interrupted: nothing it started may outlive it, so the kept API goes
-        too unless another run is using it."""
+        """The run was interrupted: nothing it started may outlive it, so the kept API and
+        engine go too unless another run is using them."""
         if self.lease is not None:
             kept_api.stop_unless_used(self.lease, grace_s)
 

@@ -1,4 +1,5 @@
-"""The Prefect API that `labrun run` keeps between runs (LABRUN_KEEP_API, in idle minutes).
+"""The Prefect API that `labrun run` keeps between runs (LABRUN_KEEP_API, in idle minutes),
+and the lease that the kept engine (`kept_engine`) shares with it.
 
 Prefect's API needs seconds to import and start, more than the rest of a run's start-up. So
 the first run that finds no server starts this one, detached (a session of its own, no
@@ -6,9 +7,10 @@ parent-death signal: it outlives that run by design), and later runs with the sa
 PREFECT_HOME use it. It exits by itself once no run has used it for LABRUN_KEEP_API minutes
 (default 10); LABRUN_KEEP_API=0 turns it off, and each run then starts and stops its own.
 
-Each run holds a shared lock on PREFECT_HOME/labrun/kept-api.lease while it runs (the
-kernel drops it when the run ends, even after `kill -9`). An interrupted run (Ctrl-C,
-SIGTERM) leaves nothing behind: it takes the API with it unless another run is using it. The API counts as idle while it
+Each run that keeps them holds a shared lock on PREFECT_HOME/labrun/kept-api.lease while it
+runs (the kernel drops it when the run ends, even after `kill -9`). An interrupted run
+(Ctrl-C, SIGTERM) leaves nothing behind: it takes the API and the engine with it unless
+another run is using them. Each counts as idle while it
 can take that lock exclusively; when it goes, it takes the lock first and removes its record
 (kept-api.json), so that a run never picks up an API that is on its way out.
 
@@ -25,7 +27,7 @@ import time
 from pathlib import Path
 
 from labrun.secrets import is_secret_name
-from labrun.serving import DEFAULT_HOST
+from labrun.serving import DEFAULT_HOST, ServerError, prefect_home
 
 DEFAULT_IDLE_MINUTES = 10.0
 
@@ -40,21 +42,18 @@ def idle_minutes() -> float:
     try:
         return max(float(raw), 0.0)
     except ValueError:
-        from labrun.serving import ServerError
-
         raise ServerError(f"LABRUN_KEEP_API={raw!r}: give minutes (a number) or 0 to turn it off") from None
 
 
 def _folder() -> Path:
-    from labrun.serving.processes import prefect_home
-
     folder = prefect_home() / "labrun"
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
 
-def record_path() -> Path:
-    return _folder() / "kept-api.json"
+def record_path(name: str = "kept-api") -> Path:
+    """Where the kept process `name` (kept-api, kept-engine) leaves its pid while it runs."""
+    return _folder() / f"{name}.json"
 
 
 def log_path() -> Path:
@@ -68,26 +67,30 @@ def _lock(name: str, how: int) -> int:
 
 
 def hold_lease() -> int:
-    """For the rest of this run: the kept API does not go while the run holds this."""
+    """For the rest of this run: the kept API and engine do not go while the run holds this."""
     return _lock("kept-api.lease", fcntl.LOCK_SH)
 
 
 def stop_unless_used(lease: int, grace_s: float) -> None:
-    """For an interrupted run: stop the kept API, unless another run holds the lease. Holding
-    it alone, the run keeps it until it exits, so that a run starting now starts anew."""
+    """For an interrupted run: stop the kept API and engine, unless another run holds the
+    lease. Holding it alone, the run keeps it until it exits, so that a run starting now
+    starts anew."""
+    try:
+        fcntl.flock(lease, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return  # another run uses them
+    for name in ("kept-engine", "kept-api"):
+        record = read_record(name)
+        if record is not None:
+            record_path(name).unlink(missing_ok=True)
+            _stop(int(record["pid"]), grace_s)
+
+
+def _stop(pid: int, grace_s: float) -> None:
     import signal
 
     from labrun.serving.processes import still_running
 
-    try:
-        fcntl.flock(lease, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return  # another run uses it
-    record = read_record()
-    if record is None:
-        return
-    pid = int(record["pid"])
-    record_path().unlink(missing_ok=True)
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, grace_s)):
         try:
             os.kill(pid, sig)
@@ -100,15 +103,45 @@ def stop_unless_used(lease: int, grace_s: float) -> None:
             return
 
 
-def read_record() -> dict | None:
-    """The kept API's address and pid, if its process is alive."""
+def read_record(name: str = "kept-api") -> dict | None:
+    """The kept process's record (the API's has its address), if its process is alive."""
     from labrun.serving.processes import still_running
 
     try:
-        record = json.loads(record_path().read_text())
+        record = json.loads(record_path(name).read_text())
         return record if still_running(int(record["pid"])) else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def write_record(name: str, **fields) -> None:
+    record_path(name).write_text(json.dumps({**fields, "pid": os.getpid()}))
+
+
+def forget_record(name: str) -> None:
+    """At the kept process's end: its record, unless a newer one has replaced it."""
+    try:
+        if json.loads(record_path(name).read_text()).get("pid") == os.getpid():
+            record_path(name).unlink()
+    except (OSError, ValueError):
+        pass
+
+
+def open_lease() -> int:
+    return os.open(_folder() / "kept-api.lease", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+
+def unused(lease: int) -> bool:
+    """No run holds the lease now; if so, this process holds it exclusively until `release`."""
+    try:
+        fcntl.flock(lease, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+def release(lease: int) -> None:
+    fcntl.flock(lease, fcntl.LOCK_UN)
 
 
 def find_or_start(minutes: float) -> tuple[str, int, bool]:
@@ -136,22 +169,16 @@ def find_or_start(minutes: float) -> tuple[str, int, bool]:
 
 def go_when_idle(server, idle_s: float) -> None:
     """Stop `server` once no run has held the lease for `idle_s`."""
-    lease = os.open(_folder() / "kept-api.lease", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    lease = open_lease()
     idle_since = time.monotonic()
     while not server.should_exit:
         time.sleep(min(idle_s / 4, 5.0))
-        try:
-            fcntl.flock(lease, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:  # a run holds it
+        if not unused(lease):
             idle_since = time.monotonic()
             continue
         if time.monotonic() - idle_since >= idle_s:
             # Keep the lock until this process ends: a run starting now waits, then starts anew.
-            try:
-                if json.loads(record_path().read_text()).get("pid") == os.getpid():
-                    record_path().unlink()
-            except (OSError, ValueError):
-                pass
+            forget_record("kept-api")
             server.should_exit = True
             return
-        fcntl.flock(lease, fcntl.LOCK_UN)
+        release(lease)

@@ -50,10 +50,6 @@ def healthy(api_url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def prefect_home() -> Path:
-    return Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
-
-
 def server_env(api_url: str, base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a server labrun starts: telemetry off (offline it prints
     tracebacks), and every client pointed at it."""
@@ -63,19 +59,23 @@ def server_env(api_url: str, base: dict[str, str] | None = None) -> dict[str, st
     return env
 
 
-def _die_with_parent(parent: int):
+def _preexec(parent: int | None, nice: int):
     def preexec() -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # the parent died before prctl: do not outlive it
-            os._exit(1)
+        if nice:
+            os.nice(nice)
+        if parent is not None:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != parent:  # the parent died before prctl: do not outlive it
+                os._exit(1)
     return preexec
 
 
-def spawn(cmd: list[str], env: dict[str, str], log: Path | None, die_with_parent: bool = True) -> subprocess.Popen:
+def spawn(cmd: list[str], env: dict[str, str], log: Path | None, die_with_parent: bool = True,
+          nice: int = 0) -> subprocess.Popen:
     """`cmd` in a session of its own that dies with this process (unless not
-    `die_with_parent`). Call it from the main thread: the parent-death signal comes when the
-    thread that started the child ends."""
+    `die_with_parent`), at `nice` below this process's priority. Call it from the main
+    thread: the parent-death signal comes when the thread that started the child ends."""
     out = subprocess.DEVNULL
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -83,7 +83,8 @@ def spawn(cmd: list[str], env: dict[str, str], log: Path | None, die_with_parent
     try:
         return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=_die_with_parent(os.getpid()) if die_with_parent else None)
+                                preexec_fn=_preexec(os.getpid() if die_with_parent else None, nice)
+                                if die_with_parent or nice else None)
     finally:
         if log is not None:
             out.close()
