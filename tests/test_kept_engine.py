@@ -151,3 +151,37 @@ def test_a_warm_run_is_handed_to_the_kept_engine_and_behaves_as_one_in_its_own_p
                    env=environment(home))
     assert fresh.returncode == 0 and IN_ENGINE not in fresh.stderr, fresh.stderr
     wait_for(lambda: not alive(engine), timeout=10, what="the stale engine to retire")
+
+
+def test_every_variable_a_module_reads_on_import_is_part_of_the_engines_key():
+    """A kept engine imported labrun once, with the environment of the run that started it:
+    a variable read on import (not when used) must select the engine, or a run would get the
+    engine's value instead of its own."""
+    import ast
+
+    import labrun.flows
+    import labrun.phases
+    from labrun.serving.kept_engine import READ_AT_IMPORT
+
+    def reads(node) -> set[str]:
+        """The names `os.environ[...]`, `os.environ.get(...)` or `os.getenv(...)` read."""
+        if isinstance(node, ast.Call) and ast.unparse(node.func) in ("os.environ.get", "os.getenv"):
+            return {a.value for a in node.args[:1] if isinstance(a, ast.Constant)}
+        if isinstance(node, ast.Subscript) and ast.unparse(node.value) == "os.environ":
+            return {node.slice.value} if isinstance(node.slice, ast.Constant) else set()
+        return set()
+
+    read = set()
+    for package in (labrun, labrun.flows, labrun.phases):
+        for source in Path(package.__path__[0]).rglob("*.py"):
+            for statement in ast.parse(source.read_text()).body:
+                if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    # run on import: decorators, defaults, a class's body (not its methods')
+                    body = [*statement.decorator_list, *getattr(statement.args, "defaults", [])] \
+                        if not isinstance(statement, ast.ClassDef) else [*statement.decorator_list, *(
+                            b for b in statement.body if not isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef)))]
+                    statement = ast.Module(body=[b if isinstance(b, ast.stmt) else ast.Expr(b) for b in body],
+                                           type_ignores=[])
+                for node in ast.walk(statement):
+                    read |= reads(node)
+    assert read == set(READ_AT_IMPORT)

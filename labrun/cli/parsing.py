@@ -30,8 +30,9 @@ environment:
   LABRUN_PRICES            a JSON file of model prices (USD per million tokens)
   LABRUN_MODEL_API_SLOTS   model calls at once over all sessions in server mode (4)
   LABRUN_SCRIPTED_FAULTS   the scripted agent's fault injection (tests)
-  LABRUN_KEEP_API          minutes the Prefect API a run starts stays up for later runs
-                           once unused (default 10; 0: each run starts and stops its own)
+  LABRUN_KEEP_API          minutes the Prefect API a run starts, and an engine with Prefect
+                           imported, stay up for later runs once unused (default 10; 0:
+                           each run starts and stops its own API and imports Prefect itself)
   PREFECT_API_URL          a Prefect server to run on; without one labrun uses the one
                            `labrun server` started, else the one an earlier run kept, or
                            starts one

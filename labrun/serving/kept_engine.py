@@ -96,9 +96,12 @@ def hand_over(argv: list[str]) -> int | None:
             sock.sendall(request)
             sock.settimeout(STARTING_TIMEOUT_S)
             reader = sock.makefile("rb")
-            first = reader.readline().split()
+            first = reader.readline().split()  # the fork's pid, once the engine has forked
         except OSError:
             return None
+        except KeyboardInterrupt:  # before the run began: a fork that comes now finds nobody and ends
+            os.write(2, b"labrun: interrupted\n")
+            return 130
         if len(first) != 2 or first[0] != b"pid":
             return None  # the engine is retiring (`stale`), or went
         run = int(first[1])
