@@ -9,7 +9,8 @@ One Prefect home and one story, since each engine start imports Prefect anew:
   and the API along;
 - a `kill -9` of a handed-over run takes its fork and its experiment command with it, and
   the resume, handed over too, redoes only the cut-off attempt;
-- a module that changed on disk retires the engine: that run starts in its own process.
+- a module that changed on disk retires the engine: that run starts in its own process;
+- a second Ctrl-C ends a handed-over run at once, with its fork, the engine and the API.
 """
 
 from __future__ import annotations
@@ -151,6 +152,35 @@ def test_a_warm_run_is_handed_to_the_kept_engine_and_behaves_as_one_in_its_own_p
                    env=environment(home))
     assert fresh.returncode == 0 and IN_ENGINE not in fresh.stderr, fresh.stderr
     wait_for(lambda: not alive(engine), timeout=10, what="the stale engine to retire")
+
+    # A second Ctrl-C while the first waits on a frozen API: the run ends at once, as in its
+    # own process, and with it the fork, the engine and the API.
+    engine = ready_engine(home)  # started by that run
+    api = psutil.Process(json.loads((home / "labrun" / "kept-api.json").read_text())["pid"])
+    ws4 = tmp_path / "ws4"
+    term = Terminal("run", str(DEMO_IDEA), "--workspace", str(ws4), "--agent", "scripted",
+                    env=environment(home, "hang-attempt@experiments:1"))
+    try:
+        wait_for(lambda: (ws4 / ".labrun/faults/experiments-1.reached").exists(), timeout=120,
+                 what="the handed-over run to reach its attempt")
+        fork = the_fork(engine)
+        wait_for(lambda: any("sleep" in p.cmdline() for p in fork.children(recursive=True)),
+                 what="the attempt's command")
+        below = [fork, *fork.children(recursive=True)]
+        api.suspend()
+        term.ctrl_c()
+        time.sleep(2)
+        assert term.proc.poll() is None, term.output  # the first still waits on the frozen API
+        started = time.monotonic()
+        term.ctrl_c()
+        code = term.wait(timeout=10)
+        assert code == 130 and time.monotonic() - started < 2, term.output
+        assert "stopped at once" in term.output, term.output
+        wait_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in below),
+                 timeout=5, what="the fork and its attempt to go")
+        wait_for(lambda: not alive(engine) and not alive(api.pid), timeout=5, what="the engine and API to go")
+    finally:
+        term.close() if term.proc.poll() is None else os.close(term.master)
 
 
 def test_every_variable_a_module_reads_on_import_is_part_of_the_engines_key():
