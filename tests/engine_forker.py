@@ -59,13 +59,34 @@ class EngineForker:
         return subprocess.CompletedProcess(["labrun", *args], code, out.read_text(), err.read_text())
 
 
+RUN_IMPORTS = (
+    # What a run imports only when it gets there (a quarter of a killed run's CPU, each time):
+    "fastapi.encoders",  # Prefect's Flow.serialize_parameters
+    "prefect.engine", "prefect.flow_engine", "prefect.task_engine", "prefect.artifacts",
+    "prefect.telemetry.run_telemetry", "prefect.utilities.visualization",
+    "anyio._backends._asyncio", "psutil", "sqlite3", "pydantic.color", "rich._emoji_codes", "encodings.idna",
+    "labrun.cli.reading", "labrun.cli.serving", "labrun.cli.branches", "labrun.serving.api",
+    "labrun.interrupts", "labrun.turns", "labrun.model_api_limit",
+)
+"""Modules a `labrun run` imports lazily, imported once here instead of in every fork; a
+name the code no longer has only costs its fork the import again, so a missing one is skipped."""
+
+
 def _serve() -> None:
+    import importlib
+
     import labrun.agents.anthropic  # noqa: F401  (everything a run imports, once)
     import labrun.agents.scripted  # noqa: F401
     import labrun.cli
     import labrun.cli.running  # noqa: F401
     import labrun.flows.session  # noqa: F401
     import labrun.phases.phase  # noqa: F401
+
+    for name in RUN_IMPORTS:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError:
+            pass
 
     assert threading.active_count() == 1, "a thread before fork(): the children would inherit its locks"
     print("ready", flush=True)
