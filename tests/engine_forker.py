@@ -10,8 +10,10 @@ are paid once instead of per run. The forker holds no thread and no connection w
         result = forker.run(["run", idea, "--workspace", ws], env={"LABRUN_CRASH_AT": "attempt:1"})
         result.returncode  # -9 when killed
 
-Protocol (stdin/stdout, one JSON object a line): {"args", "env", "out", "err"} in,
-{"returncode"} out; `out` and `err` are files for the child's stdout and stderr.
+Protocol (stdin/stdout, one JSON object a line): {"args", "env", "out", "err", "new_session"}
+in, {"pid"} out once forked and {"returncode"} once it ended; `out` and `err` are files for
+the child's stdout and stderr. `forker.start(args, env)` returns at the fork, for a test that
+kills the engine from outside.
 """
 
 from __future__ import annotations
@@ -46,17 +48,53 @@ class EngineForker:
             self.proc.wait(timeout=60)
 
     def run(self, args: list[str], env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+        """`labrun <args>` to its end."""
+        run = self.start(args, env)
+        out, err = run.communicate(timeout)
+        return subprocess.CompletedProcess(["labrun", *args], run.returncode, out, err)
+
+    def start(self, args: list[str], env: dict[str, str] | None = None, new_session: bool = False) -> "ForkedRun":
+        """`labrun <args>` started, not waited for: what a test kills from outside (with
+        `new_session`, in a session and process group of its own, as Popen's start_new_session)."""
         self.runs += 1
         out, err = self.tmp / f"{self.runs}.out", self.tmp / f"{self.runs}.err"
-        self.proc.stdin.write(json.dumps({"args": args, "env": env or {}, "out": str(out), "err": str(err)}) + "\n")
+        self.proc.stdin.write(json.dumps({"args": args, "env": env or {}, "out": str(out), "err": str(err),
+                                          "new_session": new_session}) + "\n")
         self.proc.stdin.flush()
-        answer: list[str] = []
-        reader = threading.Thread(target=lambda: answer.append(self.proc.stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(timeout)
-        assert answer and answer[0], f"labrun {' '.join(args)} did not end within {timeout} s"
-        code = json.loads(answer[0])["returncode"]
-        return subprocess.CompletedProcess(["labrun", *args], code, out.read_text(), err.read_text())
+        started = json.loads(self.proc.stdout.readline())
+        return ForkedRun(self, started["pid"], args, out, err)
+
+
+class ForkedRun:
+    """One forked `labrun` run, with what tests use of a Popen: `pid`, `poll()`, `communicate()`."""
+
+    def __init__(self, forker: EngineForker, pid: int, args: list[str], out: Path, err: Path):
+        self.forker, self.pid, self.args, self.out, self.err = forker, pid, args, out, err
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and not _exists(self.pid):
+            self.communicate()
+        return self.returncode
+
+    def communicate(self, timeout: float = 300) -> tuple[str, str]:
+        if self.returncode is None:
+            answer: list[str] = []
+            reader = threading.Thread(target=lambda: answer.append(self.forker.proc.stdout.readline()), daemon=True)
+            reader.start()
+            reader.join(timeout)
+            assert answer and answer[0], f"labrun {' '.join(self.args)} did not end within {timeout} s"
+            self.returncode = json.loads(answer[0])["returncode"]
+        return self.out.read_text(), self.err.read_text()
+
+
+def _exists(pid: int) -> bool:
+    """Whether `pid` is still a process that runs (the forker reaps its children at once)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 RUN_IMPORTS = (
@@ -95,6 +133,7 @@ def _serve() -> None:
         pid = os.fork()
         if pid == 0:
             _child(job, labrun.cli.main)
+        print(json.dumps({"pid": pid}), flush=True)
         _, status = os.waitpid(pid, 0)
         code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
         print(json.dumps({"returncode": code}), flush=True)
@@ -108,6 +147,8 @@ def _child(job: dict, main) -> None:
 
     code = 1
     try:
+        if job["new_session"]:
+            os.setsid()
         os.environ.update(job["env"])
         crashpoints.arm()
         out = os.open(job["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
