@@ -10,10 +10,10 @@ are paid once instead of per run. The forker holds no thread and no connection w
         result = forker.run(["run", idea, "--workspace", ws], env={"LABRUN_CRASH_AT": "attempt:1"})
         result.returncode  # -9 when killed
 
-Protocol (stdin/stdout, one JSON object a line): {"args", "env", "out", "err", "new_session"}
-in, {"pid"} out once forked and {"returncode"} once it ended; `out` and `err` are files for
-the child's stdout and stderr. `forker.start(args, env)` returns at the fork, for a test that
-kills the engine from outside.
+Protocol (stdin/stdout, one JSON object a line): {"args", "env", "out", "err", "new_session",
+"whole_env"} in, {"pid"} out once forked and {"returncode"} once it ended; `out` and `err` are
+files for the child's stdout and stderr. `forker.start(args, env)` returns at the fork, for a
+test that kills the engine from outside.
 """
 
 from __future__ import annotations
@@ -47,19 +47,22 @@ class EngineForker:
             self.proc.stdin.close()
             self.proc.wait(timeout=60)
 
-    def run(self, args: list[str], env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-        """`labrun <args>` to its end."""
-        run = self.start(args, env)
+    def run(self, args: list[str], env: dict[str, str] | None = None, timeout: float = 300,
+            whole_env: bool = False) -> subprocess.CompletedProcess:
+        """`labrun <args>` to its end; its environment is the forker's with `env` over it, or
+        with `whole_env`, `env` alone (as Popen's env=)."""
+        run = self.start(args, env, whole_env=whole_env)
         out, err = run.communicate(timeout)
         return subprocess.CompletedProcess(["labrun", *args], run.returncode, out, err)
 
-    def start(self, args: list[str], env: dict[str, str] | None = None, new_session: bool = False) -> "ForkedRun":
+    def start(self, args: list[str], env: dict[str, str] | None = None, new_session: bool = False,
+              whole_env: bool = False) -> "ForkedRun":
         """`labrun <args>` started, not waited for: what a test kills from outside (with
         `new_session`, in a session and process group of its own, as Popen's start_new_session)."""
         self.runs += 1
         out, err = self.tmp / f"{self.runs}.out", self.tmp / f"{self.runs}.err"
         self.proc.stdin.write(json.dumps({"args": args, "env": env or {}, "out": str(out), "err": str(err),
-                                          "new_session": new_session}) + "\n")
+                                          "new_session": new_session, "whole_env": whole_env}) + "\n")
         self.proc.stdin.flush()
         started = json.loads(self.proc.stdout.readline())
         return ForkedRun(self, started["pid"], args, out, err)
@@ -149,6 +152,8 @@ def _child(job: dict, main) -> None:
     try:
         if job["new_session"]:
             os.setsid()
+        if job["whole_env"]:
+            os.environ.clear()
         os.environ.update(job["env"])
         crashpoints.arm()
         out = os.open(job["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

@@ -61,11 +61,11 @@ class Setup:
         return ["run", str(self.idea), "--workspace", str(self.ws), "--agent", "codex", "--model", MODEL]
 
     def run(self):
-        return self.forker.run(self.run_args(), env=self.env)
+        return self.forker.run(self.run_args(), env=self.env, whole_env=True)
 
     def start(self):
         """The engine in a process group of its own, to kill."""
-        return self.forker.start(self.run_args(), env=self.env, new_session=True)
+        return self.forker.start(self.run_args(), env=self.env, new_session=True, whole_env=True)
 
     def codexes(self) -> list[int]:
         """codex and what it started (its commands keep TMPDIR, which only labrun's
@@ -168,7 +168,7 @@ def test_codex_kill_9_during_an_attempt_leaves_no_codex_and_the_resume_asks_noth
     assert after["time"] >= minute_end - 0.05
 
     resumed_at = time.time()
-    result = s.forker.run(["resume", str(s.ws)], env=s.env)
+    result = s.forker.run(["resume", str(s.ws)], env=s.env, whole_env=True)
     assert_complete(s.ws, result)
     asked = s.phases_asked(since=resumed_at)
     assert asked[0] == "experiments" and set(asked) == {"experiments", "analysis", "documentation"}

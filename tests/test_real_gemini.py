@@ -59,7 +59,7 @@ class Setup:
 
     def start(self):
         """The engine in a process group of its own, to kill."""
-        return self.forker.start(self.run_args(), env=self.env, new_session=True)
+        return self.forker.start(self.run_args(), env=self.env, new_session=True, whole_env=True)
 
     def geminis(self) -> list[int]:
         """gemini and what it started (they keep GEMINI_CLI_HOME, which only labrun's
@@ -135,7 +135,7 @@ def test_gemini_outlasts_a_429_storm_and_a_kill_9_and_costs_exactly_what_was_bil
     assert "- Status: RUNNING" in (s.ws / "STATE.md").read_text()
 
     resumed_at = time.time()
-    result = s.forker.run(["resume", str(s.ws)], env=s.env)
+    result = s.forker.run(["resume", str(s.ws)], env=s.env, whole_env=True)
     assert_complete(s.ws, result)
     asked = [phase_of(r["body"]) for r in s.posts(since=resumed_at)]
     assert asked[0] == "experiments" and set(asked) == {"experiments", "analysis", "documentation"}
