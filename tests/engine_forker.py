@@ -69,7 +69,8 @@ class EngineForker:
 
 
 class ForkedRun:
-    """One forked `labrun` run, with what tests use of a Popen: `pid`, `poll()`, `communicate()`."""
+    """One forked `labrun` run, with what tests use of a Popen: `pid`, `send_signal()`, `poll()`,
+    `wait()`, `communicate()`."""
 
     def __init__(self, forker: EngineForker, pid: int, args: list[str], out: Path, err: Path):
         self.forker, self.pid, self.args, self.out, self.err = forker, pid, args, out, err
@@ -78,6 +79,13 @@ class ForkedRun:
     def poll(self) -> int | None:
         if self.returncode is None and not _exists(self.pid):
             self.communicate()
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        os.kill(self.pid, signum)
+
+    def wait(self, timeout: float = 300) -> int:
+        self.communicate(timeout)
         return self.returncode
 
     def communicate(self, timeout: float = 300) -> tuple[str, str]:
