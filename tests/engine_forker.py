@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -34,6 +35,7 @@ class EngineForker:
         self.proc: subprocess.Popen | None = None
         self.tmp = Path(tempfile.mkdtemp(prefix="labrun-forker-"))
         self.runs = 0
+        self.current: ForkedRun | None = None
 
     def __enter__(self) -> "EngineForker":
         self.proc = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -44,6 +46,7 @@ class EngineForker:
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None:
+            self.end_current()
             self.proc.stdin.close()
             self.proc.wait(timeout=60)
 
@@ -59,13 +62,25 @@ class EngineForker:
               whole_env: bool = False) -> "ForkedRun":
         """`labrun <args>` started, not waited for: what a test kills from outside (with
         `new_session`, in a session and process group of its own, as Popen's start_new_session)."""
+        self.end_current()
         self.runs += 1
         out, err = self.tmp / f"{self.runs}.out", self.tmp / f"{self.runs}.err"
         self.proc.stdin.write(json.dumps({"args": args, "env": env or {}, "out": str(out), "err": str(err),
                                           "new_session": new_session, "whole_env": whole_env}) + "\n")
         self.proc.stdin.flush()
         started = json.loads(self.proc.stdout.readline())
-        return ForkedRun(self, started["pid"], args, out, err)
+        self.current = ForkedRun(self, started["pid"], args, out, err)
+        return self.current
+
+    def end_current(self) -> None:
+        """Kill the run a test left running (it failed before its end), so that the forker
+        answers the next run: one run at a time."""
+        if self.current is not None and self.current.returncode is None:
+            try:
+                os.kill(self.current.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.current.communicate(60)
 
 
 class ForkedRun:
@@ -96,7 +111,7 @@ class ForkedRun:
             reader.join(timeout)
             assert answer and answer[0], f"labrun {' '.join(self.args)} did not end within {timeout} s"
             self.returncode = json.loads(answer[0])["returncode"]
-        return self.out.read_text(), self.err.read_text()
+        return tuple(f.read_text() if f.exists() else "" for f in (self.out, self.err))  # killed at once: none
 
 
 def _exists(pid: int) -> bool:
