@@ -130,10 +130,12 @@ RUN_IMPORTS = (
     "prefect.telemetry.run_telemetry", "prefect.utilities.visualization",
     "anyio._backends._asyncio", "psutil", "sqlite3", "pydantic.color", "rich._emoji_codes", "encodings.idna",
     "labrun.cli.reading", "labrun.cli.serving", "labrun.cli.branches", "labrun.serving.api",
-    "labrun.interrupts", "labrun.turns", "labrun.model_api_limit",
+    "labrun.interrupts", "labrun.model_api_limit",
 )
 """Modules a `labrun run` imports lazily, imported once here instead of in every fork; a
-name the code no longer has only costs its fork the import again, so a missing one is skipped."""
+name the code no longer has only costs its fork the import again, so a missing one is skipped.
+Not labrun.turns (nor what imports it): it reads LABRUN_RETRY_BASE_S when imported, which the
+real-CLI tests set per run."""
 
 
 def _serve() -> None:
