@@ -22,7 +22,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from auto_responder import IDEA, TURNS, AutoResearcher, phase_and_turn  # noqa: E402
-from support import labrun, start_labrun, wait_for  # noqa: E402
+from support import labrun, wait_for  # noqa: E402
 from fake_messages_api import FakeMessagesAPI, count_tokens, prompt_blocks  # noqa: E402
 
 from labrun.journal import Conversation  # noqa: E402
@@ -344,10 +344,11 @@ def test_401_and_400_stop_the_session_at_once_with_what_to_do(tmp_path, idea, se
 # -- kill -9 and resume ---------------------------------------------------------------------
 
 
-def test_kill_9_during_a_model_call_then_resume_pays_for_no_turn_twice(tmp_path, idea, serve, cli):
+def test_kill_9_during_a_model_call_then_resume_pays_for_no_turn_twice(tmp_path, idea, serve, cli, forker):
     api = serve(AutoResearcher({("implementation", 2): [{"hang": True}]}))
     ws = tmp_path / "ws"
-    proc = start_labrun("run", str(idea), "--workspace", str(ws), "--agent", "anthropic")
+    proc = forker.start(["run", str(idea), "--workspace", str(ws), "--agent", "anthropic"], env=dict(os.environ),
+                        whole_env=True)
     wait_for(lambda: any(turn_of(r) == ("implementation", 2) for r in api.requests),
              what="the model call of implementation turn 2")
     kill(proc)
@@ -394,10 +395,11 @@ def test_a_phase_cut_off_before_its_first_reply_asks_the_same_request_again(tmp_
     assert_usage_is_what_was_billed(ws, api)
 
 
-def test_kill_9_between_a_reply_and_its_tool_result_answers_it_as_interrupted(tmp_path, idea, serve, cli):
+def test_kill_9_between_a_reply_and_its_tool_result_answers_it_as_interrupted(tmp_path, idea, serve, cli, forker):
     api = serve(AutoResearcher(slow_experiment_s=120))
     ws = tmp_path / "ws"
-    proc = start_labrun("run", str(idea), "--workspace", str(ws), "--agent", "anthropic")
+    proc = forker.start(["run", str(idea), "--workspace", str(ws), "--agent", "anthropic"], env=dict(os.environ),
+                        whole_env=True)
 
     def attempt() -> dict | None:
         try:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from support import DEMO_IDEA, labrun, start_labrun, wait_for
+from support import DEMO_IDEA, labrun, wait_for
 from labrun.agents.scripted import BUG, FIX
 from labrun.state import parse_state_md, phase_table
 
@@ -159,7 +159,7 @@ def test_a_rerun_killed_at_any_step_resumes_on_its_branch(ws, where, forker, cli
     billed_before = billed_phases(ws)
     args = ("rerun", str(ws), "--from", "experiments", "--note", "killed")
     if where == "analysis-turn":
-        proc = start_labrun(*args, env={"LABRUN_SCRIPTED_FAULTS": "hang@analysis:1"})
+        proc = forker.start(list(args), env={**os.environ, "LABRUN_SCRIPTED_FAULTS": "hang@analysis:1"}, whole_env=True)
         wait_for((ws / ".labrun/faults/analysis-1.reached").exists, what="the rerun to hang in analysis")
         _kill(proc)
         assert phase_table((ws / "STATE.md").read_text())["analysis"] == "IN PROGRESS"

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from support import assert_complete, labrun, processes_with_env, start_labrun, wait_for  # noqa: E402
+from support import assert_complete, labrun, processes_with_env, wait_for  # noqa: E402
 
 from labrun.journal import Conversation  # noqa: E402
 from labrun.prices import cost_usd  # noqa: E402
@@ -236,12 +236,13 @@ def test_a_session_with_claude_code(idea, tmp_path, claude):
 
 
 @pytest.mark.parametrize("session_known", [True, False], ids=["same-session", "unknown-session"])
-def test_a_killed_engine_resumes_the_claude_session(idea, tmp_path, claude, session_known):
+def test_a_killed_engine_resumes_the_claude_session(idea, tmp_path, claude, session_known, forker):
     """kill -9 of labrun mid-phase, then `labrun resume`: `claude --resume <the stored id>`;
     when Claude Code no longer has that session, a new one starts from the system prompt."""
     ws = tmp_path / "ws"
     claude.fault({"phase": "planning", "at_step": 1, "do": "hang"})
-    proc = start_labrun("run", str(idea), "--workspace", str(ws), "--agent", "claude-code", env=claude.env)
+    proc = forker.start(["run", str(idea), "--workspace", str(ws), "--agent", "claude-code"],
+                        env={**os.environ, **claude.env}, whole_env=True)
     try:
         wait_for(lambda: (ws / "planning.md").exists() and sessions_recorded(ws, "planning"),
                  what="planning to start in claude")

@@ -2,7 +2,8 @@
 and installed by `.ci/install-agent-clis`), pointed at the tests' own scripted Messages API
 (`fake_messages_api.py` with `claude_responder.ClaudeResearcher` playing the model).
 
-Each test runs `labrun` as a user would, with ANTHROPIC_BASE_URL at the fake,
+Each test runs `labrun` as a user would (a process of its own, forked warm by
+`tests/engine_forker.py`), with ANTHROPIC_BASE_URL at the fake,
 CLAUDE_CONFIG_DIR in a temporary directory, CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 and
 IS_SANDBOX=1 (CI runs as root). Claude Code's own retries are cut to one
 (CLAUDE_CODE_MAX_RETRIES=1) and labrun's back-off starts at 0.2 s, so storms stay short.
@@ -13,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -69,8 +69,9 @@ def error(status: int, kind: str, message: str, headers: dict | None = None) -> 
 class Setup:
     """The fake API, the environment of `labrun`, and the test's Claude Code config dir."""
 
-    def __init__(self, tmp_path: Path, responder: ClaudeResearcher, login: str = "api-key"):
+    def __init__(self, tmp_path: Path, responder: ClaudeResearcher, forker, login: str = "api-key"):
         self.tmp = tmp_path
+        self.forker = forker
         self.api = FakeMessagesAPI(default=responder, cache_accounting=True).start()
         self.config = tmp_path / "claude-config"
         self.config.mkdir()
@@ -90,20 +91,17 @@ class Setup:
             API_KEY if login == "api-key" else OAUTH_TOKEN
         (tmp_path / "home").mkdir()
 
-    def argv(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "labrun.cli", *args]
+    def run_args(self, *args: str) -> list[str]:
+        return ["run", str(self.idea), "--workspace", str(self.ws), "--agent", "claude-code", "--model", MODEL, *args]
 
     def run(self, *args: str):
-        return labrun("run", str(self.idea), "--workspace", str(self.ws), "--agent", "claude-code",
-                      "--model", MODEL, *args, env=self.env)
+        return self.forker.run(self.run_args(*args), env=self.env, whole_env=True)
 
-    def start(self) -> subprocess.Popen:
-        return subprocess.Popen(self.argv("run", str(self.idea), "--workspace", str(self.ws), "--agent",
-                                          "claude-code", "--model", MODEL),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env,
-                                start_new_session=True)
+    def start(self):
+        """The engine in a process group of its own, to kill."""
+        return self.forker.start(self.run_args(), env=self.env, new_session=True, whole_env=True)
 
-    def kill_during(self, engine: subprocess.Popen, kill, ready, what: str) -> str:
+    def kill_during(self, engine, kill, ready, what: str) -> str:
         """Once `ready()`, SIGKILL the engine with `kill` (os.killpg: its process group;
         os.kill: its PID alone). Then no claude process, nor anything it started, may be left,
         and no request may reach the API. Returns the engine's stderr."""
@@ -146,11 +144,11 @@ class Setup:
 
 
 @pytest.fixture
-def setup_for(tmp_path, prefect_api):
+def setup_for(tmp_path, forker):
     made = []
 
     def make(responder: ClaudeResearcher, login: str = "api-key") -> Setup:
-        made.append(Setup(tmp_path, responder, login))
+        made.append(Setup(tmp_path, responder, forker, login))
         return made[-1]
 
     yield make
@@ -224,7 +222,7 @@ def test_kill_9_during_an_attempt_leaves_no_claude_and_the_resume_asks_nothing_f
                for r in s.api.requests)
 
     resumed_at = time.time()
-    result = labrun("resume", str(s.ws), env=s.env)
+    result = s.forker.run(["resume", str(s.ws)], env=s.env, whole_env=True)
     assert_complete(s.ws, result)
     asked = s.phases_asked(since=resumed_at)
     assert asked[0] == "experiments" and set(asked) == {"experiments", "analysis", "documentation"}

@@ -2,7 +2,8 @@
 `.ci/install-agent-clis`), pointed at the tests' own scripted Responses API
 (`fake_responses_api.py` with `codex_responder.CodexResearcher` playing the model).
 
-Each test runs `labrun` as a user would, with `--agent codex`: an API key in
+Each test runs `labrun` as a user would (a process of its own, forked warm by
+`tests/engine_forker.py`), with `--agent codex`: an API key in
 CODEX_API_KEY, CODEX_HOME in a temporary directory (Codex keeps its sessions there),
 OPENAI_BASE_URL at the fake (labrun gives it to Codex as `openai_base_url`). labrun's
 back-off starts at 0.2 s, so storms stay short.
@@ -13,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,8 +39,9 @@ pytestmark = pytest.mark.skipif(not LAUNCHER.exists(), reason=f"the real Codex C
 class Setup:
     """The fake API, the environment of `labrun`, and the test's CODEX_HOME."""
 
-    def __init__(self, tmp_path: Path, responder: CodexResearcher):
+    def __init__(self, tmp_path: Path, responder: CodexResearcher, forker):
         self.tmp = tmp_path
+        self.forker = forker
         self.api = FakeResponsesAPI(default=responder).start()
         self.home = tmp_path / "codex-home"
         self.home.mkdir()
@@ -56,18 +57,15 @@ class Setup:
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         })
 
-    def argv(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "labrun.cli", *args]
+    def run_args(self) -> list[str]:
+        return ["run", str(self.idea), "--workspace", str(self.ws), "--agent", "codex", "--model", MODEL]
 
     def run(self):
-        return labrun("run", str(self.idea), "--workspace", str(self.ws), "--agent", "codex", "--model", MODEL,
-                      env=self.env)
+        return self.forker.run(self.run_args(), env=self.env, whole_env=True)
 
-    def start(self) -> subprocess.Popen:
-        return subprocess.Popen(self.argv("run", str(self.idea), "--workspace", str(self.ws), "--agent", "codex",
-                                          "--model", MODEL),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env,
-                                start_new_session=True)
+    def start(self):
+        """The engine in a process group of its own, to kill."""
+        return self.forker.start(self.run_args(), env=self.env, new_session=True, whole_env=True)
 
     def codexes(self) -> list[int]:
         """codex and what it started (its commands keep TMPDIR, which only labrun's
@@ -99,8 +97,8 @@ class Setup:
 
 
 @pytest.fixture
-def setup_for(cli_setups):
-    return lambda responder: cli_setups(Setup, responder)
+def setup_for(cli_setups, forker):
+    return lambda responder: cli_setups(Setup, responder, forker)
 
 
 def assert_billed(s: Setup, report: dict) -> None:
@@ -170,7 +168,7 @@ def test_codex_kill_9_during_an_attempt_leaves_no_codex_and_the_resume_asks_noth
     assert after["time"] >= minute_end - 0.05
 
     resumed_at = time.time()
-    result = labrun("resume", str(s.ws), env=s.env)
+    result = s.forker.run(["resume", str(s.ws)], env=s.env, whole_env=True)
     assert_complete(s.ws, result)
     asked = s.phases_asked(since=resumed_at)
     assert asked[0] == "experiments" and set(asked) == {"experiments", "analysis", "documentation"}

@@ -2,7 +2,8 @@
 installed by `.ci/install-agent-clis`), pointed at the tests' own scripted Gemini API
 (`fake_gemini_api.py` with `gemini_responder.GeminiResearcher` playing the model).
 
-Each test runs `labrun` as a user would, with `--agent gemini`: an API key in
+Each test runs `labrun` as a user would (a process of its own, forked warm by
+`tests/engine_forker.py`), with `--agent gemini`: an API key in
 GEMINI_API_KEY, GOOGLE_GEMINI_BASE_URL at the fake, Gemini CLI's own retries cut to two
 attempts (`LABRUN_GEMINI_MAX_ATTEMPTS`; each waits at least 5 s) and labrun's back-off
 starting at 0.2 s, so storms stay short.
@@ -13,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,7 +39,8 @@ pytestmark = pytest.mark.skipif(not GEMINI.exists(), reason=f"the real Gemini CL
 class Setup:
     """The fake API and the environment of `labrun`."""
 
-    def __init__(self, tmp_path: Path, responder: GeminiResearcher):
+    def __init__(self, tmp_path: Path, responder: GeminiResearcher, forker):
+        self.forker = forker
         self.api = FakeGeminiAPI(default=responder).start()
         (tmp_path / "home").mkdir()
         self.idea = tmp_path / "idea.yaml"
@@ -53,12 +54,12 @@ class Setup:
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         })
 
-    def run_args(self) -> tuple[str, ...]:
-        return ("run", str(self.idea), "--workspace", str(self.ws), "--agent", "gemini", "--model", MODEL)
+    def run_args(self) -> list[str]:
+        return ["run", str(self.idea), "--workspace", str(self.ws), "--agent", "gemini", "--model", MODEL]
 
-    def start(self) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "labrun.cli", *self.run_args()], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=self.env, start_new_session=True)
+    def start(self):
+        """The engine in a process group of its own, to kill."""
+        return self.forker.start(self.run_args(), env=self.env, new_session=True, whole_env=True)
 
     def geminis(self) -> list[int]:
         """gemini and what it started (they keep GEMINI_CLI_HOME, which only labrun's
@@ -83,8 +84,8 @@ class Setup:
 
 
 @pytest.fixture
-def setup_for(cli_setups):
-    return lambda responder: cli_setups(Setup, responder)
+def setup_for(cli_setups, forker):
+    return lambda responder: cli_setups(Setup, responder, forker)
 
 
 def assert_billed(s: Setup, report: dict) -> None:
@@ -134,7 +135,7 @@ def test_gemini_outlasts_a_429_storm_and_a_kill_9_and_costs_exactly_what_was_bil
     assert "- Status: RUNNING" in (s.ws / "STATE.md").read_text()
 
     resumed_at = time.time()
-    result = labrun("resume", str(s.ws), env=s.env)
+    result = s.forker.run(["resume", str(s.ws)], env=s.env, whole_env=True)
     assert_complete(s.ws, result)
     asked = [phase_of(r["body"]) for r in s.posts(since=resumed_at)]
     assert asked[0] == "experiments" and set(asked) == {"experiments", "analysis", "documentation"}
