@@ -104,10 +104,11 @@ def hand_over(argv: list[str]) -> int | None:
             return 130
         if len(first) != 2 or first[0] != b"pid":
             return None  # the engine is retiring (`stale`), or went
-        run = int(first[1])
+        run, passed = int(first[1]), []
         sock.settimeout(None)
 
         def pass_on(signum, frame):
+            passed.append(signum)
             try:
                 os.kill(run, signum)
             except ProcessLookupError:
@@ -123,6 +124,8 @@ def hand_over(argv: list[str]) -> int | None:
             return int(value)
         if what == b"signal":
             return 128 + int(value)
+        if passed:  # a second signal ends the run at once, and may take the engine along
+            return 128 + passed[-1]
         os.write(2, b"labrun: the kept engine ended this run without a status\n")
         return 1
 
@@ -200,12 +203,12 @@ def serve(idle_s: float) -> None:
                 selector.unregister(key.fd)
                 os.close(key.fd)
                 _, status = os.waitpid(pid, 0)
-                with conn:
-                    if os.WIFSIGNALED(status):  # a run that exits says its status itself
-                        try:
-                            conn.sendall(b"signal %d\n" % os.WTERMSIG(status))
-                        except OSError:
-                            pass
+                with conn:  # a run that returns said its status already; this is for the others
+                    try:
+                        conn.sendall(b"signal %d\n" % os.WTERMSIG(status) if os.WIFSIGNALED(status)
+                                     else b"exit %d\n" % os.waitstatus_to_exitcode(status))
+                    except OSError:
+                        pass
         if retiring and listener.fileno() >= 0:
             selector.unregister(listener)
             listener.close()  # frees the address for a new engine
@@ -219,16 +222,29 @@ def serve(idle_s: float) -> None:
         kept_api.release(lease)
 
 
-ENGINE_MODULES = ("labrun.flows.session", "labrun.turns", "labrun.agents.anthropic", "labrun.agents.claude_code",
-                  "labrun.agents.codex", "labrun.agents.gemini", "labrun.agents.scripted")
-"""What a run imports before its first phase: Prefect, the flows, the agents and their SDKs."""
+ENGINE_MODULES = (
+    "labrun.flows.session", "labrun.turns", "labrun.serving.api", "labrun.interrupts", "labrun.model_api_limit",
+    "labrun.agents.anthropic", "labrun.agents.claude_code", "labrun.agents.codex", "labrun.agents.gemini",
+    "labrun.agents.scripted",
+    # what Prefect imports only once a flow runs (FastAPI's encoders serialise its parameters)
+    "fastapi.encoders", "prefect.engine", "prefect.flow_engine", "prefect.task_engine", "prefect.artifacts",
+    "prefect.telemetry.run_telemetry", "anyio._backends._asyncio",
+)
+"""What a run imports before its first phase: Prefect, the flows, the agents and their SDKs.
+Not labrun.cli: its consoles look at the terminal they are made on, which is each run's own."""
 
 
 def _import_engine() -> None:
     import importlib
+    import threading
 
     for name in ENGINE_MODULES:
-        importlib.import_module(name)
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError:  # another Prefect's layout: the fork imports what it needs
+            if name.startswith("labrun"):
+                raise
+    assert threading.active_count() == 1, "a thread before fork(): the forks would inherit its locks"
 
 
 def _module_stamps() -> dict[str, int]:
