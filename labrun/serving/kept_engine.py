@@ -159,7 +159,7 @@ def keep() -> None:
 
     env = {k: v for k, v in os.environ.items() if k.startswith("PREFECT_") or not is_secret_name(k)}
     spawn([sys.executable, "-m", "labrun.serving.kept_engine", str(kept_api.idle_minutes())], env,
-          prefect_home() / "labrun" / "kept-engine.log", die_with_parent=False, nice=10)
+          prefect_home() / "labrun" / "kept-engine.log", die_with_parent=False, nice=19)
 
 
 # --- the engine's side ------------------------------------------------------------------
@@ -178,6 +178,10 @@ def serve(idle_s: float) -> None:
     listener.listen(16)
     kept_api.write_record("kept-engine")
     lease = kept_api.open_lease()
+    if kept_api.unused(lease):  # the run that started it is gone already (interrupted before this record)
+        kept_api.forget_record("kept-engine")
+        return
+    kept_api.release(lease)
     _import_engine()
     stamps = _module_stamps()
     print(f"kept engine {os.getpid()}: ready, for {idle_s / 60:g} minutes unused", flush=True)
