@@ -76,6 +76,15 @@ def the_fork(engine: int) -> psutil.Process:
     return psutil.Process(engine).children()[0]
 
 
+def in_its_attempt(ws: Path, engine: int) -> list[psutil.Process]:
+    """Once a handed-over run is in its first attempt: its fork and what the fork started."""
+    wait_for(lambda: (ws / ".labrun/faults/experiments-1.reached").exists(), timeout=120,
+             what="the handed-over run to reach its attempt")
+    fork = the_fork(engine)
+    wait_for(lambda: any("sleep" in p.cmdline() for p in fork.children(recursive=True)), what="the attempt's command")
+    return [fork, *fork.children(recursive=True)]
+
+
 def test_a_warm_run_is_handed_to_the_kept_engine_and_behaves_as_one_in_its_own_process(tmp_path, home):
     first = labrun("run", str(DEMO_IDEA), "--workspace", str(tmp_path / "first"), "--agent", "scripted",
                    env=environment(home))
@@ -125,12 +134,7 @@ def test_a_warm_run_is_handed_to_the_kept_engine_and_behaves_as_one_in_its_own_p
                             "--agent", "scripted"], env=environment(home, "hang-attempt@experiments:1"),
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        wait_for(lambda: (ws2 / ".labrun/faults/experiments-1.reached").exists(), timeout=120,
-                 what="the handed-over run to reach its attempt")
-        fork = the_fork(engine)
-        wait_for(lambda: any("sleep" in p.cmdline() for p in fork.children(recursive=True)),
-                 what="the attempt's command")
-        below = [fork, *fork.children(recursive=True)]
+        below = in_its_attempt(ws2, engine)
         run.kill()
         run.wait()
         wait_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in below),
@@ -161,12 +165,7 @@ def test_a_warm_run_is_handed_to_the_kept_engine_and_behaves_as_one_in_its_own_p
     term = Terminal("run", str(DEMO_IDEA), "--workspace", str(ws4), "--agent", "scripted",
                     env=environment(home, "hang-attempt@experiments:1"))
     try:
-        wait_for(lambda: (ws4 / ".labrun/faults/experiments-1.reached").exists(), timeout=120,
-                 what="the handed-over run to reach its attempt")
-        fork = the_fork(engine)
-        wait_for(lambda: any("sleep" in p.cmdline() for p in fork.children(recursive=True)),
-                 what="the attempt's command")
-        below = [fork, *fork.children(recursive=True)]
+        below = in_its_attempt(ws4, engine)
         api.suspend()
         term.ctrl_c()
         time.sleep(2)

@@ -156,15 +156,18 @@ def find_or_start(minutes: float) -> tuple[str, int, bool]:
             return record["api_url"], record["pid"], False
         port = free_port()
         url = f"http://{DEFAULT_HOST}:{port}/api"
-        # It outlives this run, so it keeps none of the run's secrets but Prefect's own (a
-        # database URL with its password).
-        env = {k: v for k, v in os.environ.items() if k.startswith("PREFECT_") or not is_secret_name(k)}
         proc = spawn([sys.executable, "-m", "labrun.serving.api_process", str(port), str(minutes)],
-                     server_env(url, env), log_path(), die_with_parent=False)
+                     server_env(url, kept_env()), log_path(), die_with_parent=False)
         record_path().write_text(json.dumps({"api_url": url, "pid": proc.pid}))
         return url, proc.pid, True
     finally:
         os.close(fd)
+
+
+def kept_env() -> dict[str, str]:
+    """The environment of a kept process: it outlives this run, so it keeps none of the
+    run's secrets but Prefect's own (a database URL with its password)."""
+    return {k: v for k, v in os.environ.items() if k.startswith("PREFECT_") or not is_secret_name(k)}
 
 
 def go_when_idle(server, idle_s: float) -> None:

@@ -32,7 +32,7 @@ import socket
 import struct
 import sys
 
-from labrun.serving import prefect_home
+from labrun.serving import ServerError, kept_api, prefect_home
 
 COMMANDS = ("run", "resume", "demo", "rerun")
 """The commands that run a session: the ones worth handing over."""
@@ -131,8 +131,6 @@ def hand_over(argv: list[str]) -> int | None:
 
 
 def _keeping() -> bool:
-    from labrun.serving import ServerError, kept_api
-
     try:
         return kept_api.idle_minutes() > 0
     except ServerError:
@@ -153,12 +151,9 @@ def keep() -> None:
     if found is not None:
         found[0].close()
         return
-    from labrun.secrets import is_secret_name
-    from labrun.serving import kept_api
     from labrun.serving.processes import spawn
 
-    env = {k: v for k, v in os.environ.items() if k.startswith("PREFECT_") or not is_secret_name(k)}
-    spawn([sys.executable, "-m", "labrun.serving.kept_engine", str(kept_api.idle_minutes())], env,
+    spawn([sys.executable, "-m", "labrun.serving.kept_engine", str(kept_api.idle_minutes())], kept_api.kept_env(),
           prefect_home() / "labrun" / "kept-engine.log", die_with_parent=False, nice=19)
 
 
@@ -167,8 +162,6 @@ def keep() -> None:
 def serve(idle_s: float) -> None:
     import selectors
     import time
-
-    from labrun.serving import kept_api
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
