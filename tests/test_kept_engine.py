@@ -29,6 +29,7 @@ import pytest
 from support import DEMO_IDEA, alive, wait_for
 from terminal import Terminal
 from labrun import turns
+from test_anthropic_session import flow_runs_of
 from labrun.state import phase_table
 from labrun.status import session_status
 
@@ -85,7 +86,7 @@ def in_its_attempt(ws: Path, engine: int) -> list[psutil.Process]:
     return [fork, *fork.children(recursive=True)]
 
 
-def test_a_warm_run_is_handed_to_the_kept_engine_and_behaves_as_one_in_its_own_process(tmp_path, home):
+def test_a_warm_run_is_handed_to_the_kept_engine_and_behaves_as_one_in_its_own_process(tmp_path, home, prefect_api):
     first = labrun("run", str(DEMO_IDEA), "--workspace", str(tmp_path / "first"), "--agent", "scripted",
                    env=environment(home))
     assert first.returncode == 0, first.stderr
@@ -143,8 +144,13 @@ def test_a_warm_run_is_handed_to_the_kept_engine_and_behaves_as_one_in_its_own_p
     finally:
         if run.poll() is None:
             run.kill()
-    resumed = labrun("resume", str(ws2), env=environment(home))
+    # The resume, handed over, uses its own PREFECT_API_URL (the tests' server), not the one
+    # the engine's environment has (the kept API): the fork reads Prefect's settings again.
+    resumed = labrun("resume", str(ws2), env={**environment(home), "PREFECT_API_URL": prefect_api})
     assert resumed.returncode == 0 and IN_ENGINE in resumed.stderr, resumed.stderr
+    from prefect import get_client
+    with get_client(sync_client=True) as client:
+        assert [r.state.type.value for r in flow_runs_of(client, ws2)] == ["COMPLETED"]
     report = session_status(ws2)
     assert {p["key"]: p["runs"] for p in report["phases"]} == {**ONCE, "experiments": 2}
     assert [(a["n"], a["status"]) for a in report["attempts"]] == [(1, "INTERRUPTED"), (2, "FAILED"), (3, "SUCCESS")]

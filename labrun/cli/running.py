@@ -243,13 +243,16 @@ def run_session(run: Run) -> int:
 
 
 def _import_engine(verbose: bool):
-    """The session flow, with Prefect's settings read from this run's environment (a kept
-    engine imported Prefect before this run's API was known)."""
-    from prefect.context import refresh_global_settings_context
-
+    """The session flow, with Prefect configured for this run."""
     from labrun.flows.session import research_session
+    from labrun.serving import kept_engine
 
-    refresh_global_settings_context()
+    if kept_engine.in_engine:  # Prefect was imported before this run's environment and API were known
+        from prefect.context import refresh_global_settings_context
+        from prefect.logging.configuration import setup_logging
+
+        refresh_global_settings_context()
+        setup_logging(incremental=False)  # its handlers on this run's stderr, at its levels
     _quiet_prefect_console(verbose)
     return research_session
 

@@ -315,12 +315,6 @@ def _run(conn: socket.socket, request: dict, fds: list[int]) -> None:
                                   line_buffering=os.isatty(1))
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding=encoding,
                                   errors="backslashreplace", line_buffering=True)
-    from prefect.context import refresh_global_settings_context
-    from prefect.logging.configuration import setup_logging
-
-    refresh_global_settings_context()
-    setup_logging(incremental=False)  # its handlers on this run's stderr, at its levels
-
     def watch() -> None:  # the run's own process went: so does this one, as after a kill -9
         try:
             while conn.recv(64):
