@@ -214,6 +214,10 @@ def run_session(run: Run) -> int:
             api = RunApi.find_or_start()
             os.environ["PREFECT_API_URL"] = api.url  # before Prefect reads its settings
             os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+            # As prefect.yaml sets for deployments: a labrun server's zombie automation
+            # expects a heartbeat every 30 s (Prefect's default is 180), and marks a run
+            # that sends none for 90 s Crashed.
+            os.environ.setdefault("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "30")
             on_hard_exit(api.kill)
             on_hard_exit(lambda: [kill_group(g) for g in list(running_groups)])
             log.info(api.announcement())
