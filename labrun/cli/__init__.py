@@ -9,7 +9,6 @@ that handing over costs little, this module imports nothing before it.
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 
@@ -17,16 +16,6 @@ from labrun.serving import CLIENT_MAX_RETRIES
 
 
 def main(argv: list[str] | None = None) -> int:
-    code = _main(argv)
-    if argv is None:
-        # The `labrun` command ends here: spare the interpreter's exit its last collection
-        # over everything Prefect and the SDKs built, about 0.8 s of CPU after every run
-        # (and a longer wait after Ctrl-C), with nothing left to reclaim.
-        gc.freeze()
-    return code
-
-
-def _main(argv: list[str] | None) -> int:
     from labrun.serving.kept_engine import hand_over
 
     code = hand_over(sys.argv[1:] if argv is None else argv)

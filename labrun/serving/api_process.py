@@ -11,7 +11,6 @@ With IDLE_MINUTES it is the kept API, which exits once no run has used it for th
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 import threading
@@ -48,7 +47,6 @@ def main() -> None:
         threading.Thread(target=go_when_idle, args=(server, idle_minutes * 60), daemon=True).start()
     with settings.temporary_settings(this_start):
         server.run()
-    gc.freeze()  # the process ends: no last collection over the server's heap (about 1 s of CPU)
 
 
 if __name__ == "__main__":
