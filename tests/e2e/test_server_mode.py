@@ -17,8 +17,8 @@ from labrun import serving
 from labrun.serving import submit
 from labrun.artifacts import artifact_key
 
-from e2e_helpers import (CRASH_AFTER_S, REPO, client, idea_copy, labrun, latest_task_states, read_run,
-                         status_json, wait_for)
+from e2e_helpers import (CRASH_AFTER_S, EXAMPLES, REPO, client, idea_copy, labrun, latest_task_states,
+                         read_run, status_json, wait_for)
 
 FIRST_THREE = ("planning", "setup", "implementation")
 
@@ -268,8 +268,6 @@ def test_labrun_server_command(tmp_path):
     import subprocess
     import sys
 
-    from e2e_helpers import EXAMPLES
-
     port = processes.free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update({"PREFECT_HOME": str(tmp_path / "home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -331,8 +329,11 @@ def _labrun_server(tmp_path, port: int, env: dict, log_name: str, *extra: str):
 def test_a_run_in_flight_when_labrun_server_stops_is_crashed_after_its_restart(tmp_path):
     """Ctrl-C to `labrun server` while a session runs; once the server is started again the
     run becomes Crashed within 2 minutes (the heartbeat automation), and Retry finishes it
-    from where it stopped."""
+    from where it stopped. Meanwhile a `labrun run` from the command line, on that server
+    and alive longer than the automation's window, is never Crashed."""
     import signal
+    import subprocess
+    import sys
 
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -359,8 +360,19 @@ def test_a_run_in_flight_when_labrun_server_stops_is_crashed_after_its_restart(t
     assert not processes.healthy(api_url)
 
     server = _labrun_server(tmp_path, port, env, "server-2.log")
+    cli_ws, cli_log = tmp_path / "cli-ws", tmp_path / "cli-run.log"
+    cli_run = None
     try:
         restarted = time.monotonic()
+        # Beside the crash and the retry, which outlast the automation's window anyway: a run
+        # outside any deployment, whose heartbeats come as often as labrun sets, not Prefect's
+        # default of one in 180 s.
+        with open(cli_log, "w") as out:
+            cli_run = subprocess.Popen(
+                [sys.executable, "-m", "labrun.cli", "run", str(EXAMPLES / "demo_noise_averaging.yaml"),
+                 "--workspace", str(cli_ws), "--agent", "scripted"],
+                env={**env, "PREFECT_API_URL": api_url, "LABRUN_SCRIPTED_FAULTS": "hang@experiments:1"},
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         with temporary_settings({PREFECT_API_URL: api_url}):
             crashed = wait_for([run_id], states={"CRASHED", "CANCELLED", "FAILED"}, timeout_s=120)[str(run_id)]
             assert time.monotonic() - restarted < 120
@@ -368,9 +380,22 @@ def test_a_run_in_flight_when_labrun_server_stops_is_crashed_after_its_restart(t
             assert "retry" in status_json(ws, {**env, "PREFECT_API_URL": api_url})["session"]["next_action"]
             assert submit.retry_like_the_ui(run_id, ui="v1").status.value == "ACCEPT"
             assert wait_for([run_id], timeout_s=180)[str(run_id)].state.type.value == "COMPLETED"
+
+            assert cli_run.poll() is None, cli_log.read_text()
+            with client() as c:
+                [cli_flow_run] = [r for r in c.read_flow_runs(limit=20)
+                                  if r.parameters.get("workspace") == str(cli_ws.resolve())]
+            running_s = (datetime.now(timezone.utc) - cli_flow_run.start_time).total_seconds()
+            time.sleep(max(0.0, CRASH_AFTER_S + 15 - running_s))  # the automation's window, and its lag
+            with client() as c:
+                states = sorted(c.read_flow_run_states(cli_flow_run.id), key=lambda s: s.timestamp)
+            history = [s.type.value for s in states]
+            assert cli_run.poll() is None, cli_log.read_text()
+            assert history == ["PENDING", "RUNNING"], f"the command-line run went through {history}"
         status = status_json(ws, env)
         assert {p["key"]: p["runs"] for p in status["phases"]}["implementation"] == 1
         assert [(a["n"], a["status"]) for a in status["attempts"]] == [(1, "FAILED"), (2, "SUCCESS")]
     finally:
+        processes.stop(cli_run, grace_s=30, first=signal.SIGINT)  # Ctrl-C, while its server answers
         os.killpg(server.pid, signal.SIGINT)
         assert server.wait(60) == 0
