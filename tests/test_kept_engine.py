@@ -5,8 +5,8 @@ One Prefect home and one story, since each engine start imports Prefect anew:
 - a finished run leaves the kept API and the engine;
 - the next run, typed into a pseudo-terminal with a relative workspace and a fault switch
   that the engine's own environment lacks, runs in a fork of the engine and writes to that
-  terminal; Ctrl-C there stops it as it stops a run in its own process, and takes the engine
-  and the API along;
+  terminal; Ctrl-Z stops it and SIGCONT (`fg`) lets it go on; Ctrl-C there stops it as it
+  stops a run in its own process, and takes the engine and the API along;
 - a `kill -9` of a handed-over run takes its fork and its experiment command with it, and
   the resume, handed over too, redoes only the cut-off attempt;
 - a module that changed on disk retires the engine: that run starts in its own process;
@@ -107,6 +107,12 @@ def test_a_warm_run_is_handed_to_the_kept_engine_and_behaves_as_one_in_its_own_p
         assert psutil.Process(term.proc.pid).children() == []  # the run is the fork's
         assert IN_ENGINE in term.output and "phase 4 experiments started" in term.output, term.output
         assert "\x1b[" in term.output  # rich saw a terminal: the fork writes to the user's own
+        os.write(term.master, b"\x1a")  # Ctrl-Z: the run stops too; SIGCONT (`fg`) goes on with both
+        wait_for(lambda: {psutil.Process(p).status() for p in (term.proc.pid, fork.pid)} == {psutil.STATUS_STOPPED},
+                 timeout=5, what="the run and its fork to stop")
+        os.kill(term.proc.pid, signal.SIGCONT)
+        wait_for(lambda: psutil.STATUS_STOPPED not in {psutil.Process(p).status() for p in (term.proc.pid, fork.pid)},
+                 timeout=5, what="the run and its fork to go on")
         started = time.monotonic()
         term.ctrl_c()
         code = term.wait(timeout=30)

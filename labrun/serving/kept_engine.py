@@ -7,7 +7,8 @@ run`, `resume`, `demo` or `rerun` with the same PREFECT_HOME, Python and labrun 
 command line, environment, working directory and terminal (descriptors 0-2); the engine
 forks, and the fork runs that command as the run's own process would have. The process the
 user started stays the one they see:
-- it passes SIGINT and SIGTERM on to the fork, and exits with the fork's status;
+- it passes SIGINT and SIGTERM on to the fork, stops and goes on with it (Ctrl-Z, `fg`),
+  and exits with the fork's status;
 - when it dies (`kill -9`, a closed terminal), the fork kills itself at once, the same as
   a `kill -9` of an engine running in that process.
 
@@ -114,8 +115,17 @@ def hand_over(argv: list[str]) -> int | None:
             except ProcessLookupError:
                 pass
 
+        def suspend(signum, frame):  # Ctrl-Z: the run stops with this process, and goes on with it
+            try:
+                os.killpg(run, signal.SIGSTOP)  # its group is orphaned (the engine's session): SIGTSTP would not stop it
+                os.kill(os.getpid(), signal.SIGSTOP)
+                os.killpg(run, signal.SIGCONT)  # `fg` or `bg` continued this process
+            except ProcessLookupError:
+                pass
+
         for s in (signal.SIGINT, signal.SIGTERM):
             signal.signal(s, pass_on)
+        signal.signal(signal.SIGTSTP, suspend)
         try:
             what, _, value = reader.readline().partition(b" ")
         except OSError:
