@@ -18,6 +18,7 @@ test that kills the engine from outside.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -155,6 +156,7 @@ def _serve() -> None:
             pass
 
     assert threading.active_count() == 1, "a thread before fork(): the children would inherit its locks"
+    gc.freeze()  # as the kept engine does: the children's collector leaves the shared imports alone
     print("ready", flush=True)
     for line in sys.stdin:
         job = json.loads(line)

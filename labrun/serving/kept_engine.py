@@ -25,6 +25,7 @@ from its key, and each side checks that the other runs as the same user.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
@@ -186,6 +187,9 @@ def serve(idle_s: float) -> None:
         return
     kept_api.release(lease)
     _import_engine()
+    # What the forks share stays shared: their collector neither walks it nor, by touching
+    # its objects, copies its pages.
+    gc.freeze()
     stamps = _module_stamps()
     print(f"kept engine {os.getpid()}: ready, for {idle_s / 60:g} minutes unused", flush=True)
     runs: dict[int, tuple[int, socket.socket]] = {}  # pidfd: (pid, the run's connection)
