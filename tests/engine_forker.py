@@ -28,6 +28,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from labrun.serving.kept_engine import PREFECT_AT_RUN
+
 
 class EngineForker:
     def __init__(self, env: dict[str, str] | None = None, inherit: bool = True):
@@ -126,10 +128,8 @@ def _exists(pid: int) -> bool:
 
 RUN_IMPORTS = (
     # What a run imports only when it gets there (a quarter of a killed run's CPU, each time):
-    "fastapi.encoders",  # Prefect's Flow.serialize_parameters
-    "prefect.engine", "prefect.flow_engine", "prefect.task_engine", "prefect.artifacts",
-    "prefect.telemetry.run_telemetry", "prefect.utilities.visualization",
-    "anyio._backends._asyncio", "psutil", "sqlite3", "pydantic.color", "rich._emoji_codes", "encodings.idna",
+    *PREFECT_AT_RUN, "prefect.utilities.visualization", "psutil", "sqlite3", "pydantic.color",
+    "rich._emoji_codes", "encodings.idna",
     "labrun.cli.reading", "labrun.cli.serving", "labrun.cli.branches", "labrun.serving.api",
     "labrun.interrupts", "labrun.model_api_limit",
 )

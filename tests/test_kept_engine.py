@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from support import DEMO_IDEA, alive, wait_for
+from support import DEMO_IDEA, alive, ready_engine, wait_for
 from terminal import Terminal
 from labrun import turns
 from test_anthropic_session import flow_runs_of
@@ -56,20 +56,6 @@ def environment(home: Path, faults: str = "") -> dict[str, str]:
 def labrun(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "labrun.cli", *args], capture_output=True, text=True,
                           timeout=300, env=env)
-
-
-def ready_engine(home: Path) -> int:
-    """The kept engine's pid, once it has imported the engine."""
-    record, log = home / "labrun" / "kept-engine.json", home / "labrun" / "kept-engine.log"
-
-    def ready() -> bool:
-        try:
-            pid = json.loads(record.read_text())["pid"]
-            return f"kept engine {pid}: ready" in log.read_text()
-        except (OSError, ValueError):
-            return False
-    wait_for(ready, timeout=120, what="the kept engine to be ready")
-    return json.loads(record.read_text())["pid"]
 
 
 def the_fork(engine: int) -> psutil.Process:

@@ -233,13 +233,13 @@ def serve(idle_s: float) -> None:
         kept_api.release(lease)
 
 
+PREFECT_AT_RUN = ("fastapi.encoders", "prefect.engine", "prefect.flow_engine", "prefect.task_engine",
+                  "prefect.artifacts", "prefect.telemetry.run_telemetry", "anyio._backends._asyncio")
+"""What Prefect imports only once a flow runs (FastAPI's encoders serialise its parameters)."""
 ENGINE_MODULES = (
     "labrun.flows.session", "labrun.turns", "labrun.serving.api", "labrun.interrupts", "labrun.model_api_limit",
     "labrun.agents.anthropic", "labrun.agents.claude_code", "labrun.agents.codex", "labrun.agents.gemini",
-    "labrun.agents.scripted",
-    # what Prefect imports only once a flow runs (FastAPI's encoders serialise its parameters)
-    "fastapi.encoders", "prefect.engine", "prefect.flow_engine", "prefect.task_engine", "prefect.artifacts",
-    "prefect.telemetry.run_telemetry", "anyio._backends._asyncio",
+    "labrun.agents.scripted", *PREFECT_AT_RUN,
 )
 """What a run imports before its first phase: Prefect, the flows, the agents and their SDKs.
 Not labrun.cli: its consoles look at the terminal they are made on, which is each run's own."""

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from e2e_helpers import REPO, UUID_RE
+from support import ready_engine
 
 NOISE = ("Traceback", "ERROR", "WARNING")
 
@@ -105,10 +106,7 @@ def assert_checks_and_runs_the_demo(installed: Path, idea: Path, tmp_path: Path)
         assert report.startswith("# Report: Averaging noisy measurements")
         assert "The results above are those of attempt 2." in report
         # The next run goes to the engine the demo kept, which this install's Python imported.
-        deadline = time.monotonic() + 120
-        while "ready" not in ((home / "kept-engine.log").read_text() if (home / "kept-engine.log").exists() else ""):
-            assert time.monotonic() < deadline, "the kept engine did not get ready"
-            time.sleep(0.2)
+        ready_engine(home.parent)
         again = subprocess.run([str(installed), "demo", "again"], cwd=elsewhere, env=env, capture_output=True,
                                text=True, timeout=300)
         assert again.returncode == 0 and "running in the engine kept between runs" in again.stderr, again.stderr
