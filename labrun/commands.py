@@ -57,7 +57,7 @@ def run_command(
     env = scrubbed_env(keys)
     lifeline = Lifeline() if sandbox is not None and bubblewrap() is not None else None
     if lifeline:
-        argv, env = sandbox.wrap(argv, lifeline.fd), {**env, "TMPDIR": "/tmp"}
+        argv = sandbox.wrap(argv, lifeline.fd)
     start = time.monotonic()
     with open(log_path, "wb") as log:
         proc = (lifeline.popen if lifeline else subprocess.Popen)(

@@ -116,6 +116,15 @@ def _env_name(value: Any) -> Any:
     return value
 
 
+def _domain(value: Any) -> Any:
+    if isinstance(value, str):
+        value = value.strip().lower().removeprefix("*.").rstrip(".")
+        if re.fullmatch(r"(?:[a-z0-9](?:[a-z0-9-]*[a-z0-9])?\.)+[a-z]{2,63}", value):
+            return value
+    raise ValueError(f"must be a domain name such as pypi.org (got {_show(value)})")
+
+
+Domain = Annotated[str, BeforeValidator(_domain)]
 Usd = Annotated[float, BeforeValidator(_parse_usd), Field(ge=0, allow_inf_nan=False)]
 EnvName = Annotated[str, BeforeValidator(_env_name)]
 Seconds = Annotated[int, BeforeValidator(_not_bool), Field(ge=60, le=86400)]
@@ -182,6 +191,8 @@ class Constraints(_Section):
     api_keys: list[EnvName] | None = None
     """Environment variables the experiments need (API keys, tokens), by name."""
     network: bool | None = None  # labrun's: false runs the agent's commands without network
+    allowed_domains: list[Domain] | None = None
+    """labrun's: the only domains agent commands may reach (each with its subdomains)."""
 
 
 class ExpectedOutput(_Section):

@@ -1,17 +1,27 @@
 """The sandbox of agent commands: bubblewrap (`bwrap`, the Linux sandbox of Flatpak and of
-Claude Code's own sandboxing), when it is installed and works here.
+Claude Code's own sandboxing), when it is installed and works here. The one module that
+builds bubblewrap's command lines: the sandbox, and the bare PID namespace a coding CLI with
+a sandbox of its own runs in.
 
-A command inside it sees:
+A command inside the sandbox sees:
 - a PID namespace of its own, so the engine's /proc (and its environment, API keys
   included) is out of sight;
+- a network namespace of its own: its own loopback, none of the machine's. No loopback
+  service, abstract Unix socket (those are per network namespace), Prefect API or MCP server
+  of the engine's side is reachable. With the network on, the one way out is the egress
+  proxy's Unix socket, bound in, behind a bridge on the sandbox's loopback
+  (`labrun.egress`, `labrun.netbridge`), which reaches only the internet;
 - only the scrubbed environment: bwrap itself is started from it, since its first process
-  keeps the environment it was started with;
+  keeps the environment it was started with; a home and caches of the session's own
+  (`.labrun/cache/`: pip, uv, Hugging Face and torch write there, kept across attempts and
+  resumes);
 - no capabilities (as root, bwrap would otherwise keep them, and a remount would undo the
-  read-only binds);
-- the workspace read-write, its `.labrun/` read-only, the rest of the file system read-only;
+  read-only binds), and a session of its own (no terminal to push keystrokes into);
+- the workspace read-write, its `.labrun/` read-only, the rest of the file system read-only,
+  except what is hidden: `/run` (the machine's service sockets) and the user's credential
+  stores and Prefect's home (`hidden_paths`);
 - a private /tmp (a folder of the session's, so that it lasts from one command to the next)
   and a private /dev (with the GPUs);
-- the network, unless the session turned it off;
 and it dies with the engine, however the engine dies.
 
 bwrap's own `--die-with-parent` leaves a window of some milliseconds after bwrap starts (it
@@ -26,20 +36,48 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import shlex
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+
+from labrun.egress import BRIDGE_PORT
 
 log = logging.getLogger("labrun")
 
 HOW_TO_INSTALL = "install bubblewrap (Debian and Ubuntu: `apt-get install bubblewrap`; Fedora: `dnf install bubblewrap`)"
 GPU_DEVICES = ("/dev/nvidia*", "/dev/dri", "/dev/kfd")
-_BASE = ("--unshare-pid", "--die-with-parent", "--cap-drop", "ALL", "--ro-bind", "/", "/", "--dev", "/dev")
+_BASE = ("--unshare-pid", "--unshare-net", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+         "--ro-bind", "/", "/", "--dev", "/dev")
+PID_NAMESPACE = ("--dev-bind", "/", "/", "--unshare-pid", "--die-with-parent")
+"""For a coding CLI that confines its own commands: the whole file system as it is and a PID
+namespace that ends with the engine. No new /proc: with one mounted here, a sandbox the CLI
+makes itself (Claude Code's bubblewrap) cannot mount its own."""
 # `kill -1` reaches every process of the sandbox's PID namespace but its init, which then
 # exits with its child. The command is not handed the lifeline.
-_WATCHER = '{{ read -r -u {fd} _; kill -KILL -1; }} & exec "$@" {fd}<&-'
+_WATCHER = '{{ read -r -u {fd} _; kill -KILL -1; }} & {before}exec "$@" {fd}<&-'
+EGRESS_SOCKET = "/run/labrun/egress.sock"
+"""Where the egress proxy's socket is bound inside the sandbox."""
+BRIDGE = Path(__file__).with_name("netbridge.py")
+CREDENTIAL_STORES = (".ssh", ".aws", ".azure", ".gnupg", ".kube", ".docker", ".netrc", ".git-credentials",
+                     ".npmrc", ".pypirc", ".config/gcloud", ".config/gh", ".claude", ".claude.json", ".codex",
+                     ".gemini", ".prefect")
+"""Under the user's home: what a command has no business reading (and could send out)."""
+HOME_VARIABLES = ("CLAUDE_CONFIG_DIR", "CODEX_HOME", "GEMINI_CLI_HOME", "PREFECT_HOME")
+CACHE_VARIABLES = {"XDG_CACHE_HOME": "", "PIP_CACHE_DIR": "pip", "UV_CACHE_DIR": "uv", "HF_HOME": "huggingface",
+                   "TORCH_HOME": "torch"}
+
+
+def hidden_paths() -> list[Path]:
+    """What the sandbox covers up: the credential stores under the home, the CLIs' homes and
+    Prefect's (its database holds every session's records), where they exist."""
+    home = Path.home()
+    paths = [home / name for name in CREDENTIAL_STORES]
+    paths += [Path(os.environ[v]).expanduser() for v in HOME_VARIABLES if os.environ.get(v)]
+    return [p for p in dict.fromkeys(paths) if p.exists()]
 
 
 @dataclass(frozen=True)
@@ -53,6 +91,10 @@ class Sandbox:
     writable: tuple[Path, ...] = ()
     """Folders that commands may change besides the workspace, even inside a read-only one
     (a coding CLI's own home, when the CLI itself runs in the sandbox)."""
+    cache: Path | None = None
+    """The commands' home and caches (HOME, XDG_CACHE_HOME, pip's, uv's, Hugging Face's, torch's)."""
+    egress: Path | None = None
+    """The egress proxy's Unix socket: with `network`, the one way out."""
 
     def wrap(self, argv: list[str], lifeline: int) -> list[str]:
         """`argv` run inside the sandbox (which needs `bubblewrap()`). `lifeline` is the read
@@ -64,24 +106,47 @@ class Sandbox:
         args = [bwrap, *_BASE]
         for device in sorted(d for pattern in GPU_DEVICES for d in glob.glob(pattern)):
             args += ["--dev-bind", device, device]
+        args += ["--proc", "/proc", "--tmpfs", "/run"]
+        for path in hidden_paths():  # before the workspace, which may lie in one of them
+            args += ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
         # /tmp before the workspace, which may lie under /tmp itself.
-        args += ["--proc", "/proc", "--bind", str(self.tmp), "/tmp",
-                 "--bind", str(self.workspace), str(self.workspace)]
+        args += ["--bind", str(self.tmp), "/tmp", "--bind", str(self.workspace), str(self.workspace)]
         for path in self.readonly:
             path.mkdir(parents=True, exist_ok=True)
             args += ["--ro-bind", str(path), str(path)]
-        for path in self.writable:
+        for path in (*self.writable, *([self.cache] if self.cache else [])):
             path.mkdir(parents=True, exist_ok=True)
             args += ["--bind", str(path), str(path)]
-        if not self.network:
-            args.append("--unshare-net")
-        return [*args, "--chdir", str(self.workspace), "--", *watched(argv, lifeline)]
+        args += ["--setenv", "TMPDIR", "/tmp"]
+        if self.cache:
+            args += ["--setenv", "HOME", str(self.cache / "home")]
+            (self.cache / "home").mkdir(exist_ok=True)
+            for name, sub in CACHE_VARIABLES.items():
+                args += ["--setenv", name, str(self.cache / sub)]
+        before = ""
+        if self.network and self.egress:
+            args += ["--ro-bind", str(self.egress), EGRESS_SOCKET]
+            proxy = f"http://127.0.0.1:{BRIDGE_PORT}"
+            for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+                args += ["--setenv", name, proxy]
+            for name in ("NO_PROXY", "no_proxy"):
+                args += ["--setenv", name, "localhost,127.0.0.1,::1"]
+            bridge = shlex.join([sys.executable, "-I", str(BRIDGE), str(BRIDGE_PORT), EGRESS_SOCKET])
+            before = f"{bridge} </dev/null >/dev/null 2>&1 {{fd}}<&- && "
+        return [*args, "--chdir", str(self.workspace), "--", *watched(argv, lifeline, before)]
 
 
-def watched(argv: list[str], lifeline: int) -> list[str]:
+def watched(argv: list[str], lifeline: int, before: str = "") -> list[str]:
     """`argv` with the lifeline's watcher beside it: run in a PID namespace of bubblewrap's,
-    everything in it ends when the engine's end of the lifeline closes."""
-    return ["bash", "-c", _WATCHER.format(fd=lifeline), "labrun-lifeline", *argv]
+    everything in it ends when the engine's end of the lifeline closes. `before`: a shell
+    command (and `&& `) that must succeed first, such as the network bridge."""
+    script = _WATCHER.format(fd=lifeline, before=before.replace("{fd}", str(lifeline)))
+    return ["bash", "-c", script, "labrun-lifeline", *argv]
+
+
+def in_pid_namespace(argv: list[str], lifeline: int) -> list[str]:
+    """`argv` in a PID namespace of its own that ends with the lifeline (needs `bubblewrap()`)."""
+    return [bubblewrap(), *PID_NAMESPACE, "--", *watched(argv, lifeline)]
 
 
 class Lifeline:

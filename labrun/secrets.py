@@ -92,8 +92,14 @@ def redact_data(data: Any) -> Any:
     return data
 
 
+ENGINE_PREFIXES = ("PREFECT_", "LABRUN_")
+"""Variables that name the engine's side (its Prefect API, its MCP server's token, its settings)."""
+
+
 def scrubbed_env(keys: Iterable[str] = ()) -> dict[str, str]:
-    """The environment for agent commands: no secrets, except `keys` (the ones a session's
-    experiments are given, `labrun.keys`) and those named in LABRUN_PASS_ENV (comma-separated)."""
+    """The environment for agent commands: no secrets and nothing of the engine's, except
+    `keys` (the ones a session's experiments are given, `labrun.keys`) and those named in
+    LABRUN_PASS_ENV (comma-separated)."""
     allow = {n.strip() for n in os.environ.get("LABRUN_PASS_ENV", "").split(",") if n.strip()} | set(keys)
-    return {k: v for k, v in os.environ.items() if k in allow or not (k in declared or is_secret_name(k))}
+    return {k: v for k, v in os.environ.items()
+            if k in allow or not (k in declared or is_secret_name(k) or k.startswith(ENGINE_PREFIXES))}

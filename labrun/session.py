@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import uuid
 from pathlib import Path
 from typing import Any, Iterable
@@ -16,7 +17,8 @@ from labrun.state import DEFAULT_TIME_LIMIT_S, Attempt, PhaseRecord, SessionStat
 from labrun.journal import Conversation, phase_usage
 from labrun.keys import Key, pass_env_names, session_keys, unset
 from labrun.plan import Plan
-from labrun.sandbox import Sandbox
+from labrun.egress import EgressProxy
+from labrun.sandbox import Sandbox, bubblewrap
 from labrun.secrets import declare
 from labrun.snapshot import changed, entry_digest
 from labrun.usage import Budget, Usage
@@ -55,6 +57,8 @@ class Session:
         self.ws = ws
         self.store = store
         self.idea = idea
+        self._egress: EgressProxy | None = None
+        self._egress_lock = threading.Lock()
 
     @property
     def state(self) -> SessionState:
@@ -150,6 +154,9 @@ class Session:
 
     def close(self) -> None:
         self._open.pop(str(self.ws.root), None)
+        if self._egress is not None:
+            self._egress.stop()
+            self._egress = None
         self.ws.unlock()
 
     def _check_phases(self, wanted: tuple[str, ...] | None) -> None:
@@ -368,9 +375,18 @@ class Session:
         return self.state.max_turns or phase.max_turns
 
     def sandbox(self) -> Sandbox:
-        """Where agent commands run; no network when the session or the idea says so."""
+        """Where agent commands run; no network when the session or the idea says so, else
+        the internet through the session's egress proxy, started on first use."""
         network = self.state.network and self.idea.constraints.network is not False
-        return Sandbox(self.ws.root, self.ws.data / "sandbox" / "tmp", (self.ws.data,), network)
+        egress = None
+        if network and bubblewrap() is not None:
+            with self._egress_lock:
+                if self._egress is None:
+                    self._egress = EgressProxy(self.idea.constraints.allowed_domains)
+                    self._egress.start()
+                egress = self._egress.socket
+        return Sandbox(self.ws.root, self.ws.data / "sandbox" / "tmp", (self.ws.data,), network,
+                       cache=self.ws.data / "cache", egress=egress)
 
     @property
     def time_limit_s(self) -> int:

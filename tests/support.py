@@ -29,6 +29,20 @@ def needs_shared():
         "CI; or set LABRUN_SHARED to that folder)"))
 
 
+def require_bubblewrap() -> None:
+    """Skip a sandbox test where bubblewrap cannot sandbox, saying why; in CI, fail instead:
+    CI must run them (.ci/install-bubblewrap)."""
+    import pytest
+
+    from labrun.sandbox import bubblewrap
+
+    if bubblewrap() is None:
+        why = "bubblewrap is not installed or cannot sandbox here: run .ci/install-bubblewrap (apt-get install bubblewrap)"
+        if os.environ.get("CI"):
+            pytest.fail(f"{why}; CI must run the sandbox's tests, not skip them")
+        pytest.skip(why)
+
+
 def labrun(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run the `labrun` command line as a user would, in its own process."""
     return subprocess.run(

@@ -1,6 +1,6 @@
 """Agent commands run in bubblewrap: they cannot see the engine's environment, cannot write
-outside the workspace, get the network only when the session allows it, and where
-bubblewrap is missing the user is told once."""
+outside the workspace, die with the engine, and where bubblewrap is missing the user is told
+once. What they can reach over the network: tests/test_containment.py."""
 
 from __future__ import annotations
 
@@ -8,26 +8,26 @@ import base64
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 
 import psutil
 import pytest
-import yaml
 
-from support import DEMO_IDEA, wait_for
+from support import DEMO_IDEA, require_bubblewrap, wait_for
 from labrun import sandbox
 from labrun.session import Session
 from labrun.phases import BY_KEY
 from labrun.phases.phase import toolbox
 
-needs_bwrap = pytest.mark.skipif(
-    sandbox.bubblewrap() is None,
-    reason="bubblewrap is not installed or cannot sandbox here: run .ci/install-bubblewrap (apt-get install bubblewrap)")
+needs_bwrap = pytest.mark.usefixtures("bubblewrap_works")
+
+
+@pytest.fixture
+def bubblewrap_works():
+    require_bubblewrap()
 
 
 def open_session(tmp_path, idea=DEMO_IDEA, **settings) -> Session:
@@ -89,64 +89,6 @@ def test_a_command_cannot_write_outside_the_workspace(session, tmp_path):
         for path in (home_file, str(beside), "/remounted"):
             if os.path.exists(path):
                 os.unlink(path)
-
-
-@pytest.fixture
-def listener():
-    """A TCP server on the machine's loopback: reachable only with the network on."""
-    server = socket.create_server(("127.0.0.1", 0))
-    stop = threading.Event()
-
-    def serve():
-        server.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                conn, _ = server.accept()
-                conn.sendall(b"hello from outside\n")
-                conn.close()
-            except OSError:
-                pass
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield server.getsockname()[1]
-    stop.set()
-    thread.join()
-    server.close()
-
-
-def connect(port: int) -> str:
-    return (f"python3 -c \"import socket; s = socket.create_connection(('127.0.0.1', {port}), timeout=5); "
-            "print(s.recv(100).decode().strip())\" 2>&1 | tail -1")
-
-
-@needs_bwrap
-def test_the_network_is_on_by_default_and_off_when_asked(tmp_path, listener):
-    s = open_session(tmp_path)
-    try:
-        assert "hello from outside" in bash(s, connect(listener))
-    finally:
-        s.close()
-    resumed = Session.open(tmp_path / "ws", network=False)  # labrun resume --no-network
-    try:
-        out = bash(resumed, connect(listener))
-        assert "hello from outside" not in out and ("refused" in out or "unreachable" in out), out
-        assert "without network" in (tmp_path / "ws" / "STATE.md").read_text()  # the Worklog says so
-    finally:
-        resumed.close()
-
-
-@needs_bwrap
-def test_an_idea_can_turn_the_network_off(tmp_path, listener):
-    idea = yaml.safe_load(DEMO_IDEA.read_text())
-    idea["idea"]["constraints"]["network"] = False
-    path = tmp_path / "offline.yaml"
-    path.write_text(yaml.safe_dump(idea))
-    s = open_session(tmp_path, path)
-    try:
-        assert "hello from outside" not in bash(s, connect(listener))
-    finally:
-        s.close()
 
 
 # (A coding CLI in labrun's PID namespace has the same lifeline; its bwrap builds so little

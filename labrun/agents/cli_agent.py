@@ -69,7 +69,6 @@ import json
 import logging
 import os
 import queue
-import shutil
 import signal
 import subprocess
 import threading
@@ -90,7 +89,7 @@ from labrun.journal import Conversation
 from labrun.mcp_tools import ToolCall, ToolServer, run_call
 from labrun.model import FatalModelError, TransientModelError, UsageWindowSpent
 from labrun.prices import cost_usd
-from labrun.sandbox import Lifeline, Sandbox, bubblewrap, watched
+from labrun.sandbox import Lifeline, Sandbox, bubblewrap, in_pid_namespace
 from labrun.secrets import redact
 from labrun.tools import ToolBox, ToolResult
 from labrun.turns import RETRY_POLICY, PhaseStopped, back_off
@@ -365,7 +364,7 @@ class CliAgent:
         out = Outcome()
         stderr_path = transcript.with_suffix(".stderr")
         env = self.environment(plan)
-        namespace = self.needs_namespace(env) and bwrap() is not None
+        namespace = self.needs_namespace(env) and pid_namespaces()
         sandboxed = self.in_sandbox and plan.sandbox is not None and bubblewrap() is not None
         lifeline = Lifeline() if namespace or sandboxed else None
         argv = self.argv(replace(plan, lifeline=lifeline.fd) if sandboxed else plan)
@@ -748,26 +747,12 @@ def version(executable: str) -> str:
 # -- process lifetime --------------------------------------------------------------------------
 
 PR_SET_PDEATHSIG = 1
-# The whole filesystem as it is, a new PID namespace that ends with the engine. No new /proc:
-# with one mounted here, a sandbox the CLI makes itself (Claude Code's bubblewrap) cannot
-# mount its own.
-BWRAP_ARGS = ("--dev-bind", "/", "/", "--unshare-pid", "--die-with-parent", "--")
 
 
-@lru_cache(maxsize=1)
-def bwrap() -> str | None:
-    """bubblewrap, when it can make a PID namespace here (LABRUN_CLI_PIDNS=off: never)."""
-    exe = shutil.which("bwrap")
-    if exe is None or os.environ.get("LABRUN_CLI_PIDNS", "").lower() in ("0", "off", "no", "false"):
-        return None
-    try:
-        ok = subprocess.run([exe, *BWRAP_ARGS, "true"], capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        ok = False
-    if not ok:
-        log.warning("bubblewrap cannot make a PID namespace here: processes an agent CLI starts in their "
-                    "own sessions may outlive a killed engine")
-    return exe if ok else None
+def pid_namespaces() -> bool:
+    """Whether a CLI run gets a PID namespace of its own (bubblewrap; LABRUN_CLI_PIDNS=off: never)."""
+    return (os.environ.get("LABRUN_CLI_PIDNS", "").lower() not in ("0", "off", "no", "false")
+            and bubblewrap() is not None)
 
 
 @lru_cache(maxsize=1)
@@ -783,12 +768,12 @@ def _die_with_engine() -> None:
 def spawn(argv: list[str], cwd: Path, env: dict[str, str], stderr, namespace: bool = False,
           lifeline: Lifeline | None = None) -> subprocess.Popen:
     """Start a CLI run tied to the engine: with a parent-death signal, and when asked for
-    (`bwrap()` can) in a PID namespace that ends with the lifeline (`labrun.sandbox.watched`).
+    (`pid_namespaces()`) in a PID namespace that ends with the lifeline (`labrun.sandbox.watched`).
     It stays in the engine's process group, so a kill of that group reaches it too.
     `argv` may be a sandbox on the same lifeline."""
     if namespace:
         assert lifeline is not None, "a PID namespace needs its lifeline"
-        argv = [bwrap(), *BWRAP_ARGS, *watched(argv, lifeline.fd)]
+        argv = in_pid_namespace(argv, lifeline.fd)
     _prctl()  # resolved here, not in the forked child
     return (lifeline.popen if lifeline else subprocess.Popen)(
         argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,

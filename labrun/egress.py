@@ -1,0 +1,207 @@
+"""The only way out of the sandbox: an HTTP(S) proxy on the engine's side of a Unix socket.
+
+Agent commands run in a network namespace of their own (`labrun.sandbox`): they see no
+loopback service of the machine, no abstract Unix socket, no Prefect API. What they may
+reach goes through this proxy, as in Claude Code's sandbox runtime: the sandbox gets the
+proxy's Unix socket bound in, a bridge inside listens on the sandbox's own loopback
+(`labrun.netbridge`), and `HTTP_PROXY`/`HTTPS_PROXY` point there, so pip, uv, git over
+HTTPS, curl and the Hugging Face hub work as usual.
+
+The proxy is proxy.py (abhinavsingh/proxy.py: HTTP forwarding and CONNECT tunnels, no TLS
+interception) with one plugin, `EgressFilter`. It resolves the name a client asked for,
+refuses every address that is not out on the internet (loopback, link-local with the cloud
+metadata address, private, carrier-grade NAT, multicast, unspecified, and the machine's own
+addresses, IPv4 inside IPv6 included) and connects to the address it checked, so a name
+that resolves differently a moment later (DNS rebinding) gains nothing. A session may narrow
+egress to a list of domains (`constraints.allowed_domains`, `--allow-domain`): a domain
+admits itself and its subdomains.
+
+The policy reaches the proxy's process in its environment (LABRUN_EGRESS_*), which only
+the engine sets.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterable
+
+BLOCKED_NETWORKS = tuple(ipaddress.ip_network(n) for n in (
+    "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
+    "192.168.0.0/16", "224.0.0.0/4", "240.0.0.0/4",
+    "::/128", "::1/128", "fc00::/7", "fe80::/10", "ff00::/8",
+))
+"""Never reachable from the sandbox: the machine and the networks beside it, not the internet."""
+DOMAINS_VAR = "LABRUN_EGRESS_DOMAINS"
+"""JSON list of the domains a session may reach; unset means any."""
+BRIDGE_PORT = 3128
+"""Where the bridge listens on the sandbox's own loopback."""
+
+
+class Refused(Exception):
+    """Why the proxy will not connect, in words the agent can act on."""
+
+
+def own_addresses() -> set[ipaddress._BaseAddress]:
+    import psutil
+
+    found = set()
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family in (socket.AF_INET, socket.AF_INET6):
+                found.add(ipaddress.ip_address(a.address.split("%")[0]))
+    return found
+
+
+def embedded_ipv4(ip: ipaddress._BaseAddress) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one carries (mapped, 6to4, NAT64), which is what it reaches."""
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped:
+            return ip.ipv4_mapped
+        if ip.sixtofour:
+            return ip.sixtofour
+        if ip in ipaddress.ip_network("64:ff9b::/96"):
+            return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
+
+
+def address_refusal(ip: ipaddress._BaseAddress, own: set) -> str | None:
+    for candidate in filter(None, (ip, embedded_ipv4(ip))):
+        if candidate in own:
+            return "an address of this machine"
+        if any(candidate in net for net in BLOCKED_NETWORKS):
+            return "a loopback, private or link-local address"
+    return None
+
+
+def domain_allowed(host: str, domains: Iterable[str] | None) -> bool:
+    if domains is None:
+        return True
+    host = host.rstrip(".").lower()
+    return any(host == d or host.endswith("." + d) for d in domains)
+
+
+def checked_address(host: str, port: int, domains: list[str] | None, own: set) -> str:
+    """The address to connect to for `host`, or `Refused` saying why not."""
+    if not domain_allowed(host, domains):
+        raise Refused(f"{host} is not among this session's allowed domains ({', '.join(domains)})")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise Refused(f"{host} does not resolve ({e.strerror})") from None
+    why = None
+    for *_, sockaddr in infos:
+        ip = ipaddress.ip_address(sockaddr[0].split("%")[0])
+        why = address_refusal(ip, own)
+        if why is None:
+            return str(ip)
+    raise Refused(f"{host} is {why}: the sandbox reaches only the internet")
+
+
+@lru_cache(maxsize=1)
+def _policy() -> tuple[list[str] | None, frozenset]:
+    raw = os.environ.get(DOMAINS_VAR)
+    return (None if raw is None else json.loads(raw)), frozenset(own_addresses())
+
+
+try:  # proxy.py is imported only in the proxy's own process
+    from proxy.http.exception import HttpRequestRejected
+    from proxy.http.proxy import HttpProxyBasePlugin
+except ImportError:  # pragma: no cover - the engine imports this module without proxy.py's plugin base
+    HttpProxyBasePlugin = object
+
+
+class EgressFilter(HttpProxyBasePlugin):
+    """proxy.py's hook: check the address before connecting, then connect to that address."""
+
+    def before_upstream_connection(self, request):
+        domains, own = _policy()
+        host, port = request.host.decode().strip("[]"), request.port
+        try:
+            self.checked = checked_address(host, port, domains, own)
+        except Refused as e:
+            raise HttpRequestRejected(status_code=403, reason=b"Forbidden",
+                                      body=f"labrun sandbox: {e}\n".encode()) from None
+        return request
+
+    def resolve_dns(self, host: str, port: int):
+        return getattr(self, "checked", None), None
+
+    def handle_client_request(self, request):
+        return request
+
+    def handle_upstream_chunk(self, chunk):
+        return chunk
+
+    def on_upstream_connection_close(self) -> None:
+        pass
+
+
+class EgressProxy:
+    """The proxy's process for one session: started on its first sandboxed command that may
+    use the network, gone at `stop` or with the engine, however the engine ends (its stdin is
+    a pipe that only the engine holds open: a parent-death signal would come when the
+    thread that started it ended)."""
+
+    def __init__(self, domains: list[str] | None):
+        self.domains = domains
+        self.folder = Path(tempfile.mkdtemp(prefix="labrun-egress-"))  # 0700; a short path
+        self.socket = self.folder / "proxy.sock"
+        self.log = self.folder / "proxy.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Path:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LABRUN_EGRESS_")}
+        if self.domains is not None:
+            env[DOMAINS_VAR] = json.dumps(self.domains)
+        with open(self.log, "ab") as log:
+            # Its stdin is the lifeline: a pipe only this process holds open (`main`).
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", __name__, "--unix-socket-path", str(self.socket),
+                 "--num-acceptors", "1", "--log-level", "WARNING", "--plugins", f"{__name__}.EgressFilter"],
+                env=env, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 30
+        while not self.socket.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                tail = self.log.read_text(errors="replace").strip().splitlines()[-1:] if self.log.exists() else []
+                raise RuntimeError(f"the sandbox's egress proxy did not start ({'; '.join(tail) or 'no output'})")
+            time.sleep(0.05)
+        return self.socket
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stdin.close()  # the proxy kills its process group
+            self.proc.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def main() -> None:
+    """The proxy's process: proxy.py's own main, until its stdin closes (the engine ended or
+    stopped it, however it ended)."""
+    import threading
+
+    from proxy import main as proxy_main
+
+    def exit_on_eof() -> None:
+        # os.read, not sys.stdin: a fork (proxy.py's acceptors) must not find its lock held.
+        while os.read(0, 4096):
+            pass
+        os.killpg(0, signal.SIGKILL)  # with proxy.py's acceptor processes
+
+    threading.Thread(target=exit_on_eof, daemon=True).start()
+    proxy_main()
+
+
+if __name__ == "__main__":
+    main()
