@@ -16,8 +16,13 @@ that resolves differently a moment later (DNS rebinding) gains nothing. A sessio
 egress to a list of domains (`constraints.allowed_domains`, `--allow-domain`): a domain
 admits itself and its subdomains.
 
-The policy reaches the proxy's process in its environment (LABRUN_EGRESS_*), which only
-the engine sets.
+A coding CLI that runs inside the sandbox (Gemini CLI) must still reach its model API and
+labrun's MCP server, both maybe on the engine's loopback: the engine names those exact
+endpoints (`allow_endpoints`, host and port), and the proxy lets them through whatever their
+address. Nothing else of the engine's side is named, so nothing else is reached.
+
+The policy reaches the proxy's process in its environment (the domains) and in a file beside
+its socket (the endpoints), both only the engine's to write.
 """
 
 from __future__ import annotations
@@ -91,8 +96,11 @@ def domain_allowed(host: str, domains: Iterable[str] | None) -> bool:
     return any(host == d or host.endswith("." + d) for d in domains)
 
 
-def checked_address(host: str, port: int, domains: list[str] | None, own: set) -> str:
+def checked_address(host: str, port: int, domains: list[str] | None, own: set,
+                    endpoints: Iterable[str] = ()) -> str:
     """The address to connect to for `host`, or `Refused` saying why not."""
+    if f"{host.lower()}:{port}" in endpoints:
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][4][0]
     if not domain_allowed(host, domains):
         raise Refused(f"{host} is not among this session's allowed domains ({', '.join(domains)})")
     try:
@@ -108,10 +116,36 @@ def checked_address(host: str, port: int, domains: list[str] | None, own: set) -
     raise Refused(f"{host} is {why}: the sandbox reaches only the internet")
 
 
+ENDPOINTS_FILE = "endpoints.json"
+
+
+def endpoint(url: str) -> str:
+    """`host:port` of a URL, as the proxy compares it."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return f"{(parts.hostname or '').lower()}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+
+
+def allow_endpoints(proxy_socket: Path, urls: Iterable[str]) -> None:
+    """Let the proxy behind `proxy_socket` reach exactly these URLs' endpoints, besides the
+    internet (replacing those allowed before)."""
+    from labrun.workspace import write_atomic
+
+    write_atomic(proxy_socket.parent / ENDPOINTS_FILE, json.dumps(sorted({endpoint(u) for u in urls})))
+
+
 @lru_cache(maxsize=1)
 def _policy() -> tuple[list[str] | None, frozenset]:
     raw = os.environ.get(DOMAINS_VAR)
     return (None if raw is None else json.loads(raw)), frozenset(own_addresses())
+
+
+def _endpoints(folder: Path) -> list[str]:
+    try:
+        return json.loads((folder / ENDPOINTS_FILE).read_text())
+    except FileNotFoundError:
+        return []
 
 
 try:  # proxy.py is imported only in the proxy's own process
@@ -128,7 +162,8 @@ class EgressFilter(HttpProxyBasePlugin):
         domains, own = _policy()
         host, port = request.host.decode().strip("[]"), request.port
         try:
-            self.checked = checked_address(host, port, domains, own)
+            self.checked = checked_address(host, port, domains, own,
+                                           _endpoints(Path(self.flags.unix_socket_path).parent))
         except Refused as e:
             raise HttpRequestRejected(status_code=403, reason=b"Forbidden",
                                       body=f"labrun sandbox: {e}\n".encode()) from None

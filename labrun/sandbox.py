@@ -95,6 +95,8 @@ class Sandbox:
     """The commands' home and caches (HOME, XDG_CACHE_HOME, pip's, uv's, Hugging Face's, torch's)."""
     egress: Path | None = None
     """The egress proxy's Unix socket: with `network`, the one way out."""
+    no_proxy: str = "localhost,127.0.0.1,::1"
+    """What goes to the sandbox's own loopback, not to the proxy (NO_PROXY)."""
 
     def wrap(self, argv: list[str], lifeline: int) -> list[str]:
         """`argv` run inside the sandbox (which needs `bubblewrap()`). `lifeline` is the read
@@ -130,7 +132,7 @@ class Sandbox:
             for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
                 args += ["--setenv", name, proxy]
             for name in ("NO_PROXY", "no_proxy"):
-                args += ["--setenv", name, "localhost,127.0.0.1,::1"]
+                args += ["--setenv", name, self.no_proxy]
             bridge = shlex.join([sys.executable, "-I", str(BRIDGE), str(BRIDGE_PORT), EGRESS_SOCKET])
             before = f"{bridge} </dev/null >/dev/null 2>&1 {{fd}}<&- && "
         return [*args, "--chdir", str(self.workspace), "--", *watched(argv, lifeline, before)]

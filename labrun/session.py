@@ -374,10 +374,12 @@ class Session:
     def max_turns(self, phase: Phase) -> int:
         return self.state.max_turns or phase.max_turns
 
-    def sandbox(self) -> Sandbox:
-        """Where agent commands run; no network when the session or the idea says so, else
-        the internet through the session's egress proxy, started on first use."""
-        network = self.state.network and self.idea.constraints.network is not False
+    def sandbox(self, network: bool | None = None) -> Sandbox:
+        """Where agent commands run; no network when the session or the idea says so (unless
+        `network` says otherwise), else the internet through the session's egress proxy,
+        started on first use."""
+        if network is None:
+            network = self.state.network and self.idea.constraints.network is not False
         egress = None
         if network and bubblewrap() is not None:
             with self._egress_lock:

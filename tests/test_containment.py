@@ -27,7 +27,8 @@ import psutil
 import pytest
 import yaml
 
-from support import DEMO_IDEA, require_bubblewrap, wait_for
+from support import DEMO_IDEA, require_bubblewrap
+from web_host import serving
 from labrun.mcp_tools import ToolServer
 from labrun.phases import BY_KEY
 from labrun.phases.phase import toolbox
@@ -275,49 +276,15 @@ def test_pip_and_uv_install_into_a_workspace_venv_with_the_sessions_caches(tmp_p
 
 @pytest.fixture
 def test_host(tmp_path):
-    """An HTTP server on its own host: a network namespace made here, joined to this one by a
-    veth pair on a documentation prefix (198.51.100.0/24), so no packet leaves the machine.
-    It serves a package index with `labrun-probe` on it."""
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        why = "making a test host needs root and iproute2 (`ip`)"
-        if os.environ.get("CI"):
-            pytest.fail(f"{why}, which CI has")
-        pytest.skip(why)
-    tag = uuid.uuid4().hex[:6]
-    ns, here, there = f"lrt-{tag}", f"lrh{tag}", f"lrp{tag}"
-    subnet = 4 * (int(tag, 16) % 60 + 1)  # a /30 of the prefix, so that runs side by side differ
-    host_ip, peer_ip = f"198.51.100.{subnet + 1}", f"198.51.100.{subnet + 2}"
+    """A test host of its own (tests/web_host.py) with a package index holding `labrun-probe`."""
     index = tmp_path / "index"
     wheel = probe_wheel(index / "wheels")
     (index / "simple" / "labrun-probe").mkdir(parents=True)
     (index / "simple" / "labrun-probe" / "index.html").write_text(
         f'<a href="/wheels/{wheel.name}">{wheel.name}</a>\n')
     (index / "hello.txt").write_text("hello from the test host\n")
-
-    def sh(*cmd: str) -> None:
-        subprocess.run(cmd, check=True, capture_output=True)
-
-    sh("ip", "netns", "add", ns)
-    server = None
-    try:
-        sh("ip", "link", "add", here, "type", "veth", "peer", "name", there)
-        sh("ip", "link", "set", there, "netns", ns)
-        sh("ip", "addr", "add", f"{host_ip}/30", "dev", here)
-        sh("ip", "link", "set", here, "up")
-        sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{peer_ip}/30", "dev", there)
-        sh("ip", "netns", "exec", ns, "ip", "link", "set", there, "up")
-        server = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "http.server", "8000",
-                                   "--bind", peer_ip, "--directory", str(index)],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for(lambda: subprocess.run(["curl", "-s", "--noproxy", "*", f"http://{peer_ip}:8000/hello.txt"],
-                                        capture_output=True).returncode == 0, timeout=20, what="the test host")
-        yield f"http://{peer_ip}:8000"
-    finally:
-        if server is not None:
-            server.kill()
-            server.wait()
-        subprocess.run(["ip", "link", "del", here], capture_output=True)
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    with serving(index, "hello.txt") as url:
+        yield url
 
 
 def test_egress_goes_through_the_proxy_to_the_internet_and_no_network_means_none(tmp_path, test_host):

@@ -6,17 +6,16 @@ TeX when there is none."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import signal
-import threading
 from pathlib import Path
 
 import pytest
 import yaml
 
 from support import DEMO_IDEA, group_alive, start_labrun, wait_for
+from web_host import serving
 from labrun.sandbox import bubblewrap
 from test_paper import no_tex  # noqa: F401  (a fixture)
 from test_anthropic_session import serve  # noqa: F401  (fixture)
@@ -31,25 +30,14 @@ EIGHT = ["resources", "planning", "setup", "implementation", "experiments", "ana
 
 
 @pytest.fixture
-def served_paper():
-    """A local web server with one PDF on it: the reference the idea names."""
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = b"%PDF-1.4\n% a paper about averaging\n" if self.path == "/averaging.pdf" else b""
-            self.send_response(200 if body else 404)
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/averaging.pdf"
-    server.shutdown()
-    server.server_close()
+def served_paper(tmp_path):
+    """A web server with one PDF on it, where agent commands reach it (tests/web_host.py):
+    the reference the idea names."""
+    folder = tmp_path / "site"
+    folder.mkdir()
+    (folder / "averaging.pdf").write_bytes(b"%PDF-1.4\n% a paper about averaging\n")
+    with serving(folder, "averaging.pdf") as url:
+        yield f"{url}/averaging.pdf"
 
 
 def idea_file(folder: Path, url: str | None, **metadata) -> Path:

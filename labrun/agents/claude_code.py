@@ -172,6 +172,13 @@ class ClaudeCodeAgent(CliAgent):
         labrun's; without it, labrun's namespace ends what its commands leave running."""
         return env.get("CLAUDE_CODE_SUBPROCESS_ENV_SCRUB", "").lower() not in ("1", "true", "yes", "on")
 
+    @property
+    def confines(self) -> str:
+        if can_sandbox():
+            return ("(Bash) run in Claude Code's own sandbox: bubblewrap, no credentials, writes in the workspace, "
+                    "network through its own proxy and rules")
+        return "(Bash) run with Claude Code's permission rules only: install bubblewrap and socat for its sandbox"
+
     def announce(self) -> str:
         login, _ = choose_login(self.auth)
         known = version(self.executable) or "Claude Code (version unknown)"

@@ -232,15 +232,30 @@ class CliAgent:
     name = "cli"
     tools_note = ""
     announced = False
+    confines = "run as the CLI confines them"
+    """What confines the commands the CLI runs itself, in a few words (said once, at the start)."""
     in_sandbox = False
     """The CLI runs inside the session's sandbox (`argv` wraps it with `plan.sandbox` and
     `plan.lifeline`, given when bubblewrap works here)."""
 
     def __init__(self, executable: str):
         self.executable = executable
+        self.warned_network = False
         self.known_tools: list[str] | None = None
 
     # what a backend gives
+
+    def sandbox(self, session) -> Sandbox:
+        """The session's sandbox; for a CLI that runs inside it, with the network, which the
+        CLI needs (its API, labrun's tools) whatever the session says."""
+        sandbox = session.sandbox()
+        if self.in_sandbox and not sandbox.network:
+            if not self.warned_network:
+                log.warning("%s runs inside the sandbox and needs the network (its API, labrun's tools), so its "
+                            "shell commands keep it despite --no-network", self.name)
+                self.warned_network = True
+            sandbox = session.sandbox(network=True)
+        return sandbox
 
     def argv(self, plan: RunPlan) -> list[str]:
         raise NotImplementedError
@@ -291,6 +306,7 @@ class CliAgent:
         order = list(toolbox.session.state.phases)
         if not CliAgent.announced and (said := self.announce()):
             log.info("%s", said)
+            log.info("%s: its own commands %s; run_experiment runs in labrun's sandbox", self.name, self.confines)
             CliAgent.announced = True
         system_file = phase_dir / f"{self.name}-system-prompt.md"
         write_atomic(system_file, self.system_text(toolbox, convo, system))
@@ -319,7 +335,7 @@ class CliAgent:
                 plan = RunPlan(system_file, mcp_config, session_id, max_turns - turns,
                                timeout_s=deadline - time.monotonic(), workspace=root, server=server,
                                renewed=renew and session_id is not None, web=toolbox.phase.web,
-                               sandbox=toolbox.session.sandbox())
+                               sandbox=self.sandbox(toolbox.session))
                 renew = False
                 out, verdict = agent_run(self, toolbox, convo, inbox, plan, budget, deadline,
                                          phase=phase, number=len(transcripts(phase_dir, self.name)) + 1)

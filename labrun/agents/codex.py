@@ -158,6 +158,9 @@ class CodexAgent(CliAgent):
     def write_mcp_config(self, server, phase_dir: Path) -> None:
         return None  # on the command line, the token in the environment
 
+    confines = ("run in Codex's own workspace-write sandbox: writes only in the workspace, no keys, "
+                "the network on and unfiltered (the machine's loopback too)")
+
     def announce(self) -> str:
         said = version(self.executable) or "Codex (version unknown)"
         return f"codex: {said} ({self.executable}); model {self.model}; login: {self.login}"

@@ -57,12 +57,15 @@ from labrun.agents.names import AgentUnavailable
 from labrun.agents.cli_agent import (CliAgent, Finished, Outcome, RunPlan, Started, ToolUsed, Verdict, passed_env,
                                      version)
 from labrun.agents.codex import shorten
+from labrun.egress import allow_endpoints
 from labrun.sandbox import bubblewrap
 from labrun.usage import Usage
 from labrun.windows import clock
 from labrun.workspace import write_atomic
 
 log = logging.getLogger("labrun")
+DEFAULT_API = "https://generativelanguage.googleapis.com"
+"""The Gemini API, where GOOGLE_GEMINI_BASE_URL names no other."""
 
 TOOLS_NOTE = "gemini.md.j2"
 DEFAULT_MODEL = "gemini-2.5-pro"
@@ -107,7 +110,6 @@ class GeminiAgent(CliAgent):
         self.session: str | None = None  # of the run being read
         self.turns = 0
         self.in_reply = False
-        self.warned_network = False
 
     # -- the command line, the home and the environment -------------------------------------------
 
@@ -123,11 +125,11 @@ class GeminiAgent(CliAgent):
             cli += ["--resume", plan.session_id]
         if plan.sandbox is None or plan.lifeline is None:
             return cli
-        if not plan.sandbox.network and not self.warned_network:
-            log.warning("gemini needs the network (the API, labrun's tools), so its shell commands keep it "
-                        "despite --no-network")
-            self.warned_network = True
-        return replace(plan.sandbox, network=True, writable=(*plan.sandbox.writable, home)).wrap(cli, plan.lifeline)
+        if plan.sandbox.egress is not None:  # its API and labrun's MCP server, through the proxy
+            allow_endpoints(plan.sandbox.egress, [os.environ.get("GOOGLE_GEMINI_BASE_URL") or DEFAULT_API,
+                                                  *([plan.server.url] if plan.server else [])])
+        # no_proxy: none, so that its calls to those endpoints on the loopback go through the proxy too
+        return replace(plan.sandbox, writable=(*plan.sandbox.writable, home), no_proxy="").wrap(cli, plan.lifeline)
 
     def write_settings(self, plan: RunPlan, home: Path) -> None:
         """Its settings and labrun's phase prompt in its home, before every run (the MCP
@@ -161,8 +163,6 @@ class GeminiAgent(CliAgent):
         env = passed_env(names=names)
         env["GEMINI_CLI_HOME"] = str(self.home(plan))
         env["GEMINI_CLI_NO_RELAUNCH"] = "true"  # one process, not a relaunched child with a larger heap
-        if plan.sandbox is not None and bubblewrap() is not None:
-            env["TMPDIR"] = "/tmp"  # the sandbox's own (argv wraps it when bubblewrap works)
         if plan.server is not None:
             env["LABRUN_MCP_TOKEN"] = plan.server.token
         return env
@@ -172,6 +172,9 @@ class GeminiAgent(CliAgent):
 
     def write_mcp_config(self, server, phase_dir: Path) -> None:
         return None  # in its settings, written before each run
+
+    confines = ("run, with the CLI itself, in labrun's sandbox: writes in the workspace, egress through "
+                "labrun's proxy, but they can read the CLI's own environment")
 
     def announce(self) -> str:
         said = version(self.executable) or "version unknown"
