@@ -1,7 +1,6 @@
 """Start-up: the time from invoking `labrun run` to the first phase starting (its
 "phase 1 planning started" line), with a cold Prefect home (no database yet: the very
-first run) and a warm one, labrun's ways (the API and the engine kept from an earlier run,
-the default; LABRUN_KEEP_API=0, an API started for each run at once, in the background, and
+first run) and a warm one, labrun's ways (the API kept from an earlier run, the default; LABRUN_KEEP_API=0, an API started for each run at once, in the background, and
 Prefect imported by the run; a running server reused) against Prefect's default (the flow called without an API, so Prefect starts its
 ephemeral server when the flow first needs it). Also `labrun run` and `labrun resume` on a
 finished session.
@@ -94,28 +93,12 @@ def using_kept_api(home: Path) -> int:
 
 
 def stop_kept_api(home: Path) -> None:
-    """The kept API and the kept engine."""
-    for name in ("kept-api", "kept-engine"):
-        record = home / "labrun" / f"{name}.json"
-        if record.exists():
-            try:
-                os.kill(json.loads(record.read_text())["pid"], signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-
-
-def engine_ready(home: Path, timeout_s: float = 120) -> None:
-    """Until the kept engine that a run started in `home` has imported the engine."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    record = home / "labrun" / "kept-api.json"
+    if record.exists():
         try:
-            pid = json.loads((home / "labrun" / "kept-engine.json").read_text())["pid"]
-            if f"kept engine {pid}: ready" in (home / "labrun" / "kept-engine.log").read_text():
-                return
-        except (OSError, ValueError):
+            os.kill(json.loads(record.read_text())["pid"], signal.SIGTERM)
+        except ProcessLookupError:
             pass
-        time.sleep(0.2)
-    raise RuntimeError(f"no kept engine became ready in {home}")
 
 
 def labrun_run(ws: Path) -> list[str]:
@@ -148,7 +131,6 @@ def main() -> None:
         lease = using_kept_api(warm)
         try:
             to_first_phase(labrun_run(ws()), kept(warm))  # makes the warm home's database, keeps its API
-            engine_ready(warm)
             for i in range(args.repeat):
                 print(f"round {i + 1} of {args.repeat} …", file=sys.stderr)
                 rows.setdefault("cold home · Prefect's default (ephemeral server on first use)", []).append(
@@ -164,7 +146,7 @@ def main() -> None:
                     to_first_phase(prefect_default(ws()), base_env(warm)))
                 rows.setdefault("warm home · labrun, LABRUN_KEEP_API=0 (an API for this run)", []).append(
                     to_first_phase(labrun_run(ws()), base_env(warm)))
-                rows.setdefault("warm home · labrun (the API and engine kept from an earlier run)", []).append(
+                rows.setdefault("warm home · labrun (the API kept from an earlier run)", []).append(
                     to_first_phase(labrun_run(ws()), kept(warm)))
         finally:
             os.close(lease)
@@ -177,12 +159,8 @@ def main() -> None:
         try:
             wait_healthy(url, api, tmp / "api.log")
             env = {**base_env(warm), "PREFECT_API_URL": url}
-            to_first_phase(labrun_run(ws()), {**kept(warm), "PREFECT_API_URL": url})  # starts the engine
-            engine_ready(warm)
             for _ in range(args.repeat):
-                rows.setdefault("a server running (PREFECT_API_URL or `labrun server`) · labrun, the engine kept",
-                                []).append(to_first_phase(labrun_run(ws()), {**kept(warm), "PREFECT_API_URL": url}))
-                rows.setdefault("a server running · labrun, LABRUN_KEEP_API=0 (Prefect imported by the run)",
+                rows.setdefault("a server running (PREFECT_API_URL or `labrun server`) · labrun",
                                 []).append(to_first_phase(labrun_run(ws()), env))
             done = ws()
             subprocess.run(labrun_run(done), env=env, check=True, capture_output=True)

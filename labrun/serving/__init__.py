@@ -7,8 +7,7 @@
 - `api`: the Prefect API of a `labrun run` (one running already, else `kept_api`'s);
 - `api_process`: the process of an API that labrun starts for its runs;
 - `fresh_db`: a new home's SQLite database, from a schema dump instead of migrations;
-- `submit`: one session run per idea, each with a workspace of its own;
-- `kept_engine`: Prefect and labrun's engine, imported once for later runs.
+- `submit`: one session run per idea, each with a workspace of its own.
 
 The names below are what prefect.yaml and the UI know labrun's objects by. Importing this
 package does not import Prefect.

@@ -59,7 +59,7 @@ class RunApi:
     origin: str = ""
     kept: int | None = None
     lease: int | None = None
-    """This run's lease on the kept API and engine (`kept_api.hold_lease`)."""
+    """This run's lease on the kept API (`kept_api.hold_lease`)."""
     reused: bool = False
     """Running before this run came."""
 
@@ -100,8 +100,8 @@ class RunApi:
                               "(`labrun server`), or unset PREFECT_API_URL to let labrun start its own")
 
     def interrupted(self, grace_s: float = 1.0) -> None:
-        """The run was interrupted: nothing it started may outlive it, so the kept API and
-        engine go too unless another run is using them."""
+        """The run was interrupted: nothing it started may outlive it, so the kept API goes
+        too unless another run is using it."""
         if self.lease is not None:
             kept_api.stop_unless_used(self.lease, grace_s)
 

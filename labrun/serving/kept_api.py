@@ -1,5 +1,4 @@
-"""The Prefect API that `labrun run` keeps between runs (LABRUN_KEEP_API, in idle minutes),
-and the lease that the kept engine (`kept_engine`) shares with it.
+"""The Prefect API that `labrun run` keeps between runs (LABRUN_KEEP_API, in idle minutes).
 
 Prefect's API needs seconds to import and start, more than the rest of a run's start-up. So
 the first run that finds no server starts this one, detached (a session of its own, no
@@ -9,10 +8,10 @@ PREFECT_HOME use it. It exits by itself once no run has used it for LABRUN_KEEP_
 
 Each run that keeps them holds a shared lock on PREFECT_HOME/labrun/kept-api.lease while it
 runs (the kernel drops it when the run ends, even after `kill -9`). An interrupted run
-(Ctrl-C, SIGTERM) leaves nothing behind: it takes the API and the engine with it unless
-another run is using them. Each counts as idle while it
-can take that lock exclusively; when it goes, it takes the lock first and removes its record
-(kept-api.json), so that a run never picks up an API that is on its way out.
+(Ctrl-C, SIGTERM) leaves nothing behind: it takes the API with it unless another run is
+using it. The API counts as idle while it can take that lock exclusively; when it goes, it
+takes the lock first and removes its record (kept-api.json), so that a run never picks up
+an API that is on its way out.
 
 Its process is `labrun.serving.api_process` with the idle minutes.
 """
@@ -51,9 +50,9 @@ def _folder() -> Path:
     return folder
 
 
-def record_path(name: str = "kept-api") -> Path:
-    """Where the kept process `name` (kept-api, kept-engine) leaves its pid while it runs."""
-    return _folder() / f"{name}.json"
+def record_path() -> Path:
+    """Where the kept API leaves its address and process while it runs."""
+    return _folder() / "kept-api.json"
 
 
 def log_path() -> Path:
@@ -67,23 +66,21 @@ def _lock(name: str, how: int) -> int:
 
 
 def hold_lease() -> int:
-    """For the rest of this run: the kept API and engine do not go while the run holds this."""
+    """For the rest of this run: the kept API does not go while the run holds this."""
     return _lock("kept-api.lease", fcntl.LOCK_SH)
 
 
 def stop_unless_used(lease: int, grace_s: float) -> None:
-    """For an interrupted run: stop the kept API and engine, unless another run holds the
-    lease. Holding it alone, the run keeps it until it exits, so that a run starting now
+    """For an interrupted run: stop the kept API, unless another run holds the lease. Holding it alone, the run keeps it until it exits, so that a run starting now
     starts anew."""
     try:
         fcntl.flock(lease, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        return  # another run uses them
-    for name in ("kept-engine", "kept-api"):
-        record = read_record(name)
-        if record is not None:
-            record_path(name).unlink(missing_ok=True)
-            _stop(int(record["pid"]), grace_s)
+        return  # another run uses it
+    record = read_record()
+    if record is not None:
+        record_path().unlink(missing_ok=True)
+        _stop(int(record["pid"]), grace_s)
 
 
 def _stop(pid: int, grace_s: float) -> None:
@@ -103,26 +100,22 @@ def _stop(pid: int, grace_s: float) -> None:
             return
 
 
-def read_record(name: str = "kept-api") -> dict | None:
-    """The kept process's record (the API's has its address), if its process is alive."""
+def read_record() -> dict | None:
+    """The kept API's record (its address and pid), if its process is alive."""
     from labrun.serving.processes import still_running
 
     try:
-        record = json.loads(record_path(name).read_text())
+        record = json.loads(record_path().read_text())
         return record if still_running(int(record["pid"])) else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def write_record(name: str, **fields) -> None:
-    record_path(name).write_text(json.dumps({**fields, "pid": os.getpid()}))
-
-
-def forget_record(name: str) -> None:
-    """At the kept process's end: its record, unless a newer one has replaced it."""
+def forget_record() -> None:
+    """At the kept API's end: its record, unless a newer one has replaced it."""
     try:
-        if json.loads(record_path(name).read_text()).get("pid") == os.getpid():
-            record_path(name).unlink()
+        if json.loads(record_path().read_text()).get("pid") == os.getpid():
+            record_path().unlink()
     except (OSError, ValueError):
         pass
 
@@ -165,7 +158,7 @@ def find_or_start(minutes: float) -> tuple[str, int, bool]:
 
 
 def kept_env() -> dict[str, str]:
-    """The environment of a kept process: it outlives this run, so it keeps none of the
+    """The environment of the kept API: it outlives this run, so it keeps none of the
     run's secrets but Prefect's own (a database URL with its password)."""
     return {k: v for k, v in os.environ.items() if k.startswith("PREFECT_") or not is_secret_name(k)}
 
@@ -181,7 +174,7 @@ def go_when_idle(server, idle_s: float) -> None:
             continue
         if time.monotonic() - idle_since >= idle_s:
             # Keep the lock until this process ends: a run starting now waits, then starts anew.
-            forget_record("kept-api")
+            forget_record()
             server.should_exit = True
             return
         release(lease)
