@@ -138,6 +138,25 @@ def test_an_interrupted_run_stops_cleanly_and_resumes_with_nothing_redone(point,
         assert replies(ws, phase) == SCRIPT_TURNS[phase], phase
 
 
+def test_a_first_run_on_a_new_prefect_home_says_what_it_waits_for(tmp_path, own_api_env):
+    """On a new PREFECT_HOME Prefect migrates its database before its API answers: tens of
+    seconds with nothing else on the terminal. The run says so as it starts the API (a run on
+    a home with a database does not: the kept-API test below), and SIGTERM still stops it."""
+    ws = tmp_path / "ws"
+    env = {**own_api_env, "PREFECT_HOME": str(tmp_path / "new-home")}
+    term = Terminal("run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted", env=env)
+    said = "a new Prefect home, so the first run takes longer: Prefect builds its database"
+    try:
+        wait_for(lambda: said in " ".join(term.output.split()), timeout=60, what="the first-run line")
+        assert "starting Prefect's API (for this run;" in " ".join(term.output.split()), term.output
+        term.watch()
+        os.kill(term.proc.pid, signal.SIGTERM)
+        assert term.wait(timeout=30) == 143, term.output
+        assert not term.survivors(), term.survivors()
+    finally:
+        term.close() if term.proc.poll() is None else os.close(term.master)
+
+
 def test_a_second_ctrl_c_ends_labrun_at_once(tmp_path, own_api_env, prefect_api, cli, monkeypatch):
     """The first Ctrl-C cannot finish: the Prefect API is frozen (SIGSTOP), so the crash
     report hangs. The second ends labrun at once, and with it what it started."""
@@ -200,6 +219,7 @@ def test_the_kept_api_outlasts_a_finished_run_but_not_a_ctrl_c_and_goes_when_idl
     resumed = labrun_cli("resume", str(ws))
     assert resumed.returncode == 0, resumed.stderr
     assert "starting a Prefect API (kept for later runs" in " ".join(resumed.stderr.split())
+    assert "builds its database" not in resumed.stderr  # the interrupted run's API made it
     assert session_status(ws)["session"]["complete"]
     kept = json.loads(record.read_text())
     assert alive(kept["pid"])  # a finished run leaves it for the next

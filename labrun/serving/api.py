@@ -18,7 +18,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from labrun.serving import ServerError, kept_api, prefect_home
+from labrun.serving import ServerError, kept_api, new_database, prefect_home
 from labrun.serving.processes import free_port, healthy, server_env, start_api, stop, wait_healthy
 
 
@@ -62,10 +62,15 @@ class RunApi:
     """This run's lease on the kept API (`kept_api.hold_lease`)."""
     reused: bool = False
     """Running before this run came."""
+    new_database: bool = False
+    """Started on a Prefect home without a database: Prefect migrates one first."""
 
     def announcement(self) -> str:
         if self.reused:
             return f"using the Prefect API at {self.url} ({self.origin})"
+        if self.new_database:  # tens of seconds with no other output: say what they are
+            return (f"starting Prefect's API ({self.origin}); a new Prefect home, so the first run takes "
+                    "longer: Prefect builds its database")
         return f"starting a Prefect API ({self.origin})"
 
     @classmethod
@@ -79,16 +84,17 @@ class RunApi:
         if url:
             return cls(url, origin="labrun server", lease=lease, reused=True)
         if minutes > 0:
+            new = new_database()
             url, pid, started = kept_api.find_or_start(minutes)
             if started:
-                return cls(url, log=kept_api.log_path(), kept=pid, lease=lease,
+                return cls(url, log=kept_api.log_path(), kept=pid, lease=lease, new_database=new,
                            origin=f"kept for later runs until unused for {minutes:g} minutes; LABRUN_KEEP_API=0: "
                                   "one for each run")
             return cls(url, log=kept_api.log_path(), kept=pid, lease=lease, origin="kept between runs", reused=True)
         port = free_port()
         url = f"http://127.0.0.1:{port}/api"
         log = prefect_home() / "labrun" / "api.log"
-        return cls(url, start_api(port, server_env(url), log), log,
+        return cls(url, start_api(port, server_env(url), log), log, new_database=new_database(),
                    origin="for this run; no server is running, `labrun server` keeps one")
 
     def wait(self) -> None:

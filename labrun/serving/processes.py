@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from labrun.serving import CLIENT_MAX_RETRIES, DEFAULT_HOST, POOL, ServerError, fresh_db
+from labrun.serving import CLIENT_MAX_RETRIES, DEFAULT_HOST, POOL, ServerError
 
 PR_SET_PDEATHSIG = 1
 
@@ -91,9 +91,7 @@ def spawn(cmd: list[str], env: dict[str, str], log: Path | None, die_with_parent
 
 
 def start_server(host: str, port: int, env: dict[str, str], log: Path) -> subprocess.Popen:
-    """`prefect server start`: the API, the UI and Prefect's services. A new home's database
-    is loaded from the schema dump first (`fresh_db`); the server's migrations then check it."""
-    fresh_db.create_default(env)
+    """`prefect server start`: the API, the UI and Prefect's services."""
     return spawn([*prefect_cli(), "server", "start", "--host", host, "--port", str(port)], env, log)
 
 
