@@ -32,6 +32,7 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from labrun.serving import kept_api  # noqa: E402
 from labrun.serving.processes import free_port, server_env, start_api, stop, wait_healthy  # noqa: E402
 
 DEMO = REPO / "examples" / "demo_noise_averaging.yaml"
@@ -95,10 +96,9 @@ def using_kept_api(home: Path) -> int:
 def stop_kept_api(home: Path) -> None:
     record = home / "labrun" / "kept-api.json"
     if record.exists():
-        try:
-            os.kill(json.loads(record.read_text())["pid"], signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        proc = kept_api.process_of(json.loads(record.read_text()))
+        if proc is not None:  # never a process that took its pid since
+            kept_api.stop_process(proc, grace_s=10)
 
 
 def labrun_run(ws: Path) -> list[str]:

@@ -228,3 +228,26 @@ def test_the_kept_api_outlasts_a_finished_run_but_not_a_ctrl_c_and_goes_when_idl
     assert f"using the Prefect API at {kept['api_url']} (kept between runs)" in " ".join(other.stderr.split())
     wait_for(lambda: not alive(kept["pid"]), timeout=60, what="the kept API to go once idle")
     assert not record.exists()
+
+
+def test_the_kept_api_goes_when_idle_after_a_kill_9_of_the_run_that_used_it(tmp_path, own_api_env):
+    """A run killed with -9 cannot stop anything; the kept API goes by itself once idle (the
+    kernel drops the dead run's lease), however the runs that used it ended."""
+    ws = tmp_path / "ws"
+    record = Path(own_api_env["PREFECT_HOME"]) / "labrun" / "kept-api.json"
+    env = {**own_api_env, "LABRUN_KEEP_API": "0.05", "LABRUN_SCRIPTED_FAULTS": POINTS["model-call"]}  # 3 s
+    term = Terminal("run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted", env=env)
+    try:
+        reach("model-call", term, ws)
+        kept = json.loads(record.read_text())
+        term.watch()
+        assert alive(kept["pid"])
+        term.proc.kill()
+        term.wait(timeout=10)
+        wait_for(lambda: not alive(kept["pid"]), timeout=20, what="the kept API to go once idle")
+        assert not record.exists()
+    finally:
+        term.close() if term.proc.poll() is None else os.close(term.master)
+        for p in term.seen.values():  # what the killed run left (its agent's commands die with it)
+            if p.is_running():
+                p.kill()

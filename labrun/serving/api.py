@@ -51,13 +51,14 @@ def labrun_server_url() -> str | None:
 @dataclass
 class RunApi:
     """The API of one run; `proc` is set when this run started it for itself alone, `kept`
-    (its pid) when it is the API kept between runs."""
+    (its psutil process, identified by pid and start time) when it is the API kept between
+    runs."""
 
     url: str
     proc: subprocess.Popen | None = None
     log: Path | None = None
     origin: str = ""
-    kept: int | None = None
+    kept: "psutil.Process | None" = None
     lease: int | None = None
     """This run's lease on the kept API (`kept_api.hold_lease`)."""
     reused: bool = False
@@ -85,12 +86,12 @@ class RunApi:
             return cls(url, origin="labrun server", lease=lease, reused=True)
         if minutes > 0:
             new = new_database()
-            url, pid, started = kept_api.find_or_start(minutes)
+            url, proc, started = kept_api.find_or_start(minutes)
             if started:
-                return cls(url, log=kept_api.log_path(), kept=pid, lease=lease, new_database=new,
+                return cls(url, log=kept_api.log_path(), kept=proc, lease=lease, new_database=new,
                            origin=f"kept for later runs until unused for {minutes:g} minutes; LABRUN_KEEP_API=0: "
                                   "one for each run")
-            return cls(url, log=kept_api.log_path(), kept=pid, lease=lease, origin="kept between runs", reused=True)
+            return cls(url, log=kept_api.log_path(), kept=proc, lease=lease, origin="kept between runs", reused=True)
         port = free_port()
         url = f"http://127.0.0.1:{port}/api"
         log = prefect_home() / "labrun" / "api.log"
@@ -115,7 +116,7 @@ class RunApi:
         """At once (a second Ctrl-C)."""
         self.interrupted(grace_s=0)
         if self.proc is not None:
-            try:
+            try:  # its own group, this process's child, not reaped: the pid is still its own
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass

@@ -13,7 +13,9 @@ using it. The API counts as idle while it can take that lock exclusively; when i
 takes the lock first and removes its record (kept-api.json), so that a run never picks up
 an API that is on its way out.
 
-Its process is `labrun.serving.api_process` with the idle minutes.
+Its process is `labrun.serving.api_process` with the idle minutes. The record names it by
+its pid and its start time: a pid alone may name another process after a reboot or a `kill
+-9`, and labrun never signals that one.
 """
 
 from __future__ import annotations
@@ -71,44 +73,60 @@ def hold_lease() -> int:
 
 
 def stop_unless_used(lease: int, grace_s: float) -> None:
-    """For an interrupted run: stop the kept API, unless another run holds the lease. Holding it alone, the run keeps it until it exits, so that a run starting now
-    starts anew."""
+    """For an interrupted run: stop the kept API, unless another run holds the lease.
+    Holding it alone, the run keeps it until it exits, so that a run starting now starts
+    anew."""
     try:
         fcntl.flock(lease, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return  # another run uses it
-    record = read_record()
+    record, proc = _recorded()
     if record is not None:
         record_path().unlink(missing_ok=True)
-        _stop(int(record["pid"]), grace_s)
+        stop_process(proc, grace_s)
 
 
-def _stop(pid: int, grace_s: float) -> None:
+def stop_process(proc, grace_s: float) -> None:
+    """SIGTERM, then SIGKILL after `grace_s`, to `proc` (psutil's, which knows its start
+    time) while its pid still names it."""
     import signal
 
-    from labrun.serving.processes import still_running
+    from labrun.serving.processes import send, still_running
 
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, grace_s)):
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if not send(proc, sig):
             return
-        deadline = time.monotonic() + wait_s
-        while still_running(pid) and time.monotonic() < deadline:
+        deadline = time.monotonic() + grace_s
+        while still_running(proc) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if not still_running(pid):
+        if not still_running(proc):
             return
+
+
+def process_of(record: dict):
+    """The live process (psutil) that a record names by pid and start time, or None."""
+    from labrun.serving.processes import alive, identified
+
+    try:
+        proc = identified(int(record["pid"]), float(record["started"]))
+    except (KeyError, TypeError, ValueError):  # a record without a start time (an older labrun's): stale
+        return None
+    return proc if proc is not None and alive(proc) else None
 
 
 def read_record() -> dict | None:
-    """The kept API's record (its address and pid), if its process is alive."""
-    from labrun.serving.processes import still_running
+    """The kept API's record (its address, pid and start time), if its process is alive."""
+    return _recorded()[0]
 
+
+def _recorded():
+    """The record and its live process, or (None, None)."""
     try:
         record = json.loads(record_path().read_text())
-        return record if still_running(int(record["pid"])) else None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    except (OSError, ValueError):
+        return None, None
+    proc = process_of(record) if isinstance(record, dict) else None
+    return (record, proc) if proc is not None else (None, None)
 
 
 def forget_record() -> None:
@@ -137,22 +155,26 @@ def release(lease: int) -> None:
     fcntl.flock(lease, fcntl.LOCK_UN)
 
 
-def find_or_start(minutes: float) -> tuple[str, int, bool]:
-    """The kept API's URL and pid, and whether this call started it. Call it holding the
-    lease; one run at a time decides (kept-api.start.lock), so two runs start one API."""
+def find_or_start(minutes: float):
+    """The kept API's URL and process (psutil), and whether this call started it. Call it
+    holding the lease; one run at a time decides (kept-api.start.lock), so two runs start
+    one API."""
+    import psutil
+
     from labrun.serving.processes import free_port, server_env, spawn
 
     fd = _lock("kept-api.start.lock", fcntl.LOCK_EX)
     try:
-        record = read_record()
+        record, proc = _recorded()
         if record is not None:
-            return record["api_url"], record["pid"], False
+            return record["api_url"], proc, False
         port = free_port()
         url = f"http://{DEFAULT_HOST}:{port}/api"
-        proc = spawn([sys.executable, "-m", "labrun.serving.api_process", str(port), str(minutes)],
-                     server_env(url, kept_env()), log_path(), die_with_parent=False)
-        record_path().write_text(json.dumps({"api_url": url, "pid": proc.pid}))
-        return url, proc.pid, True
+        child = spawn([sys.executable, "-m", "labrun.serving.api_process", str(port), str(minutes)],
+                      server_env(url, kept_env()), log_path(), die_with_parent=False)
+        proc = psutil.Process(child.pid)  # this process's child, not reaped: the pid is still its own
+        record_path().write_text(json.dumps({"api_url": url, "pid": proc.pid, "started": proc.create_time()}))
+        return url, proc, True
     finally:
         os.close(fd)
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from e2e_helpers import REPO, UUID_RE
+from labrun.serving import kept_api
 
 NOISE = ("Traceback", "ERROR", "WARNING")
 
@@ -112,11 +113,8 @@ def assert_checks_and_runs_the_demo(installed: Path, idea: Path, tmp_path: Path)
         assert (elsewhere / "again" / "REPORT.md").exists()
     finally:  # the demo keeps its Prefect API for later runs (LABRUN_KEEP_API): stop it here
         kept = json.loads((home / "kept-api.json").read_text()) if (home / "kept-api.json").exists() else None
-        if kept is not None:
-            try:
-                os.kill(kept["pid"], signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+        if kept is not None and kept_api.process_of(kept) is not None:
+            kept_api.stop_process(kept_api.process_of(kept), grace_s=10)
     assert kept is not None, "no kept API recorded"
     version = subprocess.run([str(installed), "--version"], env=env, capture_output=True, text=True)
     assert version.stdout.strip() == "labrun 0.1.0"
