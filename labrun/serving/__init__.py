@@ -41,7 +41,7 @@ def prefect_home() -> Path:
 def new_database(env: dict[str, str] | None = None) -> bool:
     """Whether a Prefect API started with `env` (this process's environment by default) makes
     its database first: no setting names a database, and PREFECT_HOME has none yet. Prefect's
-    migrations then take most of a first start (tens of seconds on a small machine)."""
+    migrations then take most of a first start, with nothing else to show."""
     env = os.environ if env is None else env
     if any(k.startswith(("PREFECT_SERVER_DATABASE_", "PREFECT_API_DATABASE_")) for k in env):
         return False
