@@ -1,10 +1,11 @@
 """Start-up: the time from invoking `labrun run` to the first phase starting (its
 "phase 1 planning started" line), with a cold Prefect home (no database yet: the very
-first run) and a warm one, labrun's ways (the API and the engine kept from an earlier run,
-the default; LABRUN_KEEP_API=0, an API started for each run at once, in the background, and
-Prefect imported by the run; a running server reused) against Prefect's default (the flow called without an API, so Prefect starts its
-ephemeral server when the flow first needs it). Also `labrun run` and `labrun resume` on a
-finished session.
+first run) and a warm one. labrun's ways (the API kept from an earlier run, the default;
+LABRUN_KEEP_API=0, an API started for each run at once, in the background; a running server
+reused) run beside Prefect's default in the same rounds (the flow called without an API, so
+Prefect starts its ephemeral server when the flow first needs it), and the ratios
+labrun / Prefect's default are printed for a first run and a warm one (issue 21's goals:
+at most 0.9 and 0.5). Also `labrun run` and `labrun resume` on a finished session.
 
     python bench/startup.py [--repeat 3]
 
@@ -33,6 +34,7 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from labrun.serving import kept_api  # noqa: E402
 from labrun.serving.processes import free_port, server_env, start_api, stop, wait_healthy  # noqa: E402
 
 DEMO = REPO / "examples" / "demo_noise_averaging.yaml"
@@ -42,6 +44,12 @@ PREFECT_DEFAULT = (
     "from labrun.flows.session import research_session; "
     "research_session(sys.argv[1], sys.argv[2], 'scripted')"
 )
+
+
+COLD_PREFECT = "cold home · Prefect's default (ephemeral server on first use)"
+COLD_LABRUN = "cold home · labrun (starts the API it keeps, at once)"
+WARM_PREFECT = "warm home · Prefect's default"
+WARM_LABRUN = "warm home · labrun (the API kept from an earlier run)"
 
 
 def base_env(home: Path) -> dict[str, str]:
@@ -94,28 +102,11 @@ def using_kept_api(home: Path) -> int:
 
 
 def stop_kept_api(home: Path) -> None:
-    """The kept API and the kept engine."""
-    for name in ("kept-api", "kept-engine"):
-        record = home / "labrun" / f"{name}.json"
-        if record.exists():
-            try:
-                os.kill(json.loads(record.read_text())["pid"], signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-
-
-def engine_ready(home: Path, timeout_s: float = 120) -> None:
-    """Until the kept engine that a run started in `home` has imported the engine."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            pid = json.loads((home / "labrun" / "kept-engine.json").read_text())["pid"]
-            if f"kept engine {pid}: ready" in (home / "labrun" / "kept-engine.log").read_text():
-                return
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"no kept engine became ready in {home}")
+    record = home / "labrun" / "kept-api.json"
+    if record.exists():
+        proc = kept_api.process_of(json.loads(record.read_text()))
+        if proc is not None:  # never a process that took its pid since
+            kept_api.stop_process(proc, grace_s=10)
 
 
 def labrun_run(ws: Path) -> list[str]:
@@ -148,23 +139,22 @@ def main() -> None:
         lease = using_kept_api(warm)
         try:
             to_first_phase(labrun_run(ws()), kept(warm))  # makes the warm home's database, keeps its API
-            engine_ready(warm)
             for i in range(args.repeat):
                 print(f"round {i + 1} of {args.repeat} …", file=sys.stderr)
-                rows.setdefault("cold home · Prefect's default (ephemeral server on first use)", []).append(
+                rows.setdefault(COLD_PREFECT, []).append(
                     to_first_phase(prefect_default(ws()), base_env(tmp / f"cold-p-{i}")))
                 try:
-                    rows.setdefault("cold home · labrun (starts the API it keeps, at once)", []).append(
+                    rows.setdefault(COLD_LABRUN, []).append(
                         to_first_phase(labrun_run(ws()), kept(tmp / f"cold-k-{i}")))
                 finally:
                     stop_kept_api(tmp / f"cold-k-{i}")
                 rows.setdefault("cold home · labrun, LABRUN_KEEP_API=0 (an API for this run, at once)", []).append(
                     to_first_phase(labrun_run(ws()), base_env(tmp / f"cold-l-{i}")))
-                rows.setdefault("warm home · Prefect's default", []).append(
+                rows.setdefault(WARM_PREFECT, []).append(
                     to_first_phase(prefect_default(ws()), base_env(warm)))
                 rows.setdefault("warm home · labrun, LABRUN_KEEP_API=0 (an API for this run)", []).append(
                     to_first_phase(labrun_run(ws()), base_env(warm)))
-                rows.setdefault("warm home · labrun (the API and engine kept from an earlier run)", []).append(
+                rows.setdefault(WARM_LABRUN, []).append(
                     to_first_phase(labrun_run(ws()), kept(warm)))
         finally:
             os.close(lease)
@@ -177,12 +167,8 @@ def main() -> None:
         try:
             wait_healthy(url, api, tmp / "api.log")
             env = {**base_env(warm), "PREFECT_API_URL": url}
-            to_first_phase(labrun_run(ws()), {**kept(warm), "PREFECT_API_URL": url})  # starts the engine
-            engine_ready(warm)
             for _ in range(args.repeat):
-                rows.setdefault("a server running (PREFECT_API_URL or `labrun server`) · labrun, the engine kept",
-                                []).append(to_first_phase(labrun_run(ws()), {**kept(warm), "PREFECT_API_URL": url}))
-                rows.setdefault("a server running · labrun, LABRUN_KEEP_API=0 (Prefect imported by the run)",
+                rows.setdefault("a server running (PREFECT_API_URL or `labrun server`) · labrun",
                                 []).append(to_first_phase(labrun_run(ws()), env))
             done = ws()
             subprocess.run(labrun_run(done), env=env, check=True, capture_output=True)
@@ -200,7 +186,13 @@ def main() -> None:
     for name, times in rows.items():
         table.add_row(name, f"{statistics.median(times):.1f}", f"{min(times):.1f}", f"{max(times):.1f}",
                       str(len(times)))
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    for what, mine, theirs, goal in (("first run (new home)", COLD_LABRUN, COLD_PREFECT, 0.9),
+                                     ("warm run", WARM_LABRUN, WARM_PREFECT, 0.5)):
+        ratio = statistics.median(rows[mine]) / statistics.median(rows[theirs])
+        console.print(f"{what}: labrun / Prefect's default = {ratio:.2f} (goal at most {goal}: "
+                      f"{'met' if ratio <= goal else 'not met'})")
 
 
 if __name__ == "__main__":

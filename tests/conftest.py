@@ -28,10 +28,7 @@ def prefect_api() -> str:
     from prefect.server.api.server import SubprocessASGIServer
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from labrun.serving import fresh_db
-
-    fresh_db.create_default(dict(os.environ))  # this run's new home: loaded, not migrated
-    server = SubprocessASGIServer()
+    server = SubprocessASGIServer()  # a new home: Prefect migrates its database first
     server.start(timeout=120)
     os.environ["PREFECT_API_URL"] = server.api_url
     with temporary_settings({PREFECT_API_URL: server.api_url}):

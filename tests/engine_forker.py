@@ -28,7 +28,6 @@ import tempfile
 import threading
 from pathlib import Path
 
-from labrun.serving.kept_engine import PREFECT_AT_RUN
 
 
 class EngineForker:
@@ -126,6 +125,9 @@ def _exists(pid: int) -> bool:
         return False
 
 
+PREFECT_AT_RUN = ("fastapi.encoders", "prefect.engine", "prefect.flow_engine", "prefect.task_engine",
+                  "prefect.artifacts", "prefect.telemetry.run_telemetry", "anyio._backends._asyncio")
+"""What Prefect imports only once a flow runs (FastAPI's encoders serialise its parameters)."""
 RUN_IMPORTS = (
     # What a run imports only when it gets there (a quarter of a killed run's CPU, each time):
     *PREFECT_AT_RUN, "prefect.utilities.visualization", "psutil", "sqlite3", "pydantic.color",
@@ -156,7 +158,7 @@ def _serve() -> None:
             pass
 
     assert threading.active_count() == 1, "a thread before fork(): the children would inherit its locks"
-    gc.freeze()  # as the kept engine does: the children's collector leaves the shared imports alone
+    gc.freeze()  # the children's collector leaves the shared imports alone (and their pages shared)
     print("ready", flush=True)
     for line in sys.stdin:
         job = json.loads(line)

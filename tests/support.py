@@ -6,7 +6,6 @@ importing "conftest" would get whichever was imported first.)
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -76,20 +75,6 @@ def wait_for(predicate, timeout: float = 120, what: str = "condition") -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-def ready_engine(home: Path) -> int:
-    """The pid of the engine kept in Prefect home `home`, once it has imported the engine."""
-    record, log = home / "labrun" / "kept-engine.json", home / "labrun" / "kept-engine.log"
-
-    def ready() -> bool:
-        try:
-            pid = json.loads(record.read_text())["pid"]
-            return f"kept engine {pid}: ready" in log.read_text()
-        except (OSError, ValueError):
-            return False
-    wait_for(ready, timeout=120, what="the kept engine to be ready")
-    return json.loads(record.read_text())["pid"]
 
 
 def alive(pid: int) -> bool:

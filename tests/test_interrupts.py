@@ -6,7 +6,7 @@ Each run starts its own Prefect API (no PREFECT_API_URL, LABRUN_KEEP_API=0), as 
 user's does when the API is not kept. After each interruption: the exit code, the message,
 no process labrun started left alive, STATE.md saying what happened; then `labrun resume`
 finishes the session with nothing redone that had finished. The API kept between runs (the
-default), and the engine kept beside it, are what outlives a finished run, and only until idle.
+default) is what outlives a finished run, and only until idle.
 """
 
 from __future__ import annotations
@@ -138,6 +138,25 @@ def test_an_interrupted_run_stops_cleanly_and_resumes_with_nothing_redone(point,
         assert replies(ws, phase) == SCRIPT_TURNS[phase], phase
 
 
+def test_a_first_run_on_a_new_prefect_home_says_what_it_waits_for(tmp_path, own_api_env):
+    """On a new PREFECT_HOME Prefect migrates its database before its API answers: tens of
+    seconds with nothing else on the terminal. The run says so as it starts the API (a run on
+    a home with a database does not: the kept-API test below), and SIGTERM still stops it."""
+    ws = tmp_path / "ws"
+    env = {**own_api_env, "PREFECT_HOME": str(tmp_path / "new-home")}
+    term = Terminal("run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted", env=env)
+    said = "a new Prefect home, so the first run takes longer: Prefect builds its database"
+    try:
+        wait_for(lambda: said in " ".join(term.output.split()), timeout=60, what="the first-run line")
+        assert "starting Prefect's API (for this run;" in " ".join(term.output.split()), term.output
+        term.watch()
+        os.kill(term.proc.pid, signal.SIGTERM)
+        assert term.wait(timeout=30) == 143, term.output
+        assert not term.survivors(), term.survivors()
+    finally:
+        term.close() if term.proc.poll() is None else os.close(term.master)
+
+
 def test_a_second_ctrl_c_ends_labrun_at_once(tmp_path, own_api_env, prefect_api, cli, monkeypatch):
     """The first Ctrl-C cannot finish: the Prefect API is frozen (SIGSTOP), so the crash
     report hangs. The second ends labrun at once, and with it what it started."""
@@ -167,13 +186,12 @@ def test_a_second_ctrl_c_ends_labrun_at_once(tmp_path, own_api_env, prefect_api,
 
 
 def test_the_kept_api_outlasts_a_finished_run_but_not_a_ctrl_c_and_goes_when_idle(tmp_path, own_api_env):
-    """The API kept between runs, and the engine kept beside it, stay while a run uses them,
-    go with a run interrupted from the terminal (nothing labrun started outlives that), stay
-    after a run that finished, serving the next, and go by themselves once idle."""
+    """The API kept between runs stays while a run uses it, goes with a run interrupted from
+    the terminal (nothing labrun started outlives that), stays after a run that finished,
+    serving the next, and goes by itself once idle."""
     ws = tmp_path / "ws"
     home = Path(own_api_env["PREFECT_HOME"])
     record = home / "labrun" / "kept-api.json"
-    engine_record = home / "labrun" / "kept-engine.json"
     idle_s = 15
     secret = "labrun-test-" + "s3cr3t" * 4
     env = {**own_api_env, "LABRUN_KEEP_API": str(idle_s / 60), "LABRUN_SCRIPTED_FAULTS": POINTS["model-call"],
@@ -186,15 +204,12 @@ def test_the_kept_api_outlasts_a_finished_run_but_not_a_ctrl_c_and_goes_when_idl
         time.sleep(max(0.0, began + idle_s + 5 - time.monotonic()))
         assert alive(kept["pid"]), "the kept API went while a run used it"
         assert secret not in Path(f"/proc/{kept['pid']}/environ").read_text()  # it outlives the run's keys
-        engine = json.loads(engine_record.read_text())["pid"]
-        assert alive(engine) and secret not in Path(f"/proc/{engine}/environ").read_text()
         started = time.monotonic()
         term.ctrl_c()
         code = term.wait(timeout=30)
         assert code == 130 and time.monotonic() - started < 5, term.output
         assert f"interrupted; resume with: labrun resume {ws}" in " ".join(term.output.split()), term.output
         assert term.survivors() == [] and not alive(kept["pid"]) and not record.exists()
-        assert not alive(engine) and not engine_record.exists()
     finally:
         term.close() if term.proc.poll() is None else os.close(term.master)
 
@@ -204,13 +219,35 @@ def test_the_kept_api_outlasts_a_finished_run_but_not_a_ctrl_c_and_goes_when_idl
     resumed = labrun_cli("resume", str(ws))
     assert resumed.returncode == 0, resumed.stderr
     assert "starting a Prefect API (kept for later runs" in " ".join(resumed.stderr.split())
+    assert "builds its database" not in resumed.stderr  # the interrupted run's API made it
     assert session_status(ws)["session"]["complete"]
     kept = json.loads(record.read_text())
     assert alive(kept["pid"])  # a finished run leaves it for the next
     other = labrun_cli("run", str(DEMO_IDEA), "--workspace", str(tmp_path / "ws2"), "--agent", "scripted")
     assert other.returncode == 0, other.stderr
     assert f"using the Prefect API at {kept['api_url']} (kept between runs)" in " ".join(other.stderr.split())
-    engine = json.loads(engine_record.read_text())["pid"]
-    wait_for(lambda: not alive(kept["pid"]) and not alive(engine), timeout=60,
-             what="the kept API and engine to go once idle")
-    assert not record.exists() and not engine_record.exists()
+    wait_for(lambda: not alive(kept["pid"]), timeout=60, what="the kept API to go once idle")
+    assert not record.exists()
+
+
+def test_the_kept_api_goes_when_idle_after_a_kill_9_of_the_run_that_used_it(tmp_path, own_api_env):
+    """A run killed with -9 cannot stop anything; the kept API goes by itself once idle (the
+    kernel drops the dead run's lease), however the runs that used it ended."""
+    ws = tmp_path / "ws"
+    record = Path(own_api_env["PREFECT_HOME"]) / "labrun" / "kept-api.json"
+    env = {**own_api_env, "LABRUN_KEEP_API": "0.05", "LABRUN_SCRIPTED_FAULTS": POINTS["model-call"]}  # 3 s
+    term = Terminal("run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted", env=env)
+    try:
+        reach("model-call", term, ws)
+        kept = json.loads(record.read_text())
+        term.watch()
+        assert alive(kept["pid"])
+        term.proc.kill()
+        term.wait(timeout=10)
+        wait_for(lambda: not alive(kept["pid"]), timeout=20, what="the kept API to go once idle")
+        assert not record.exists()
+    finally:
+        term.close() if term.proc.poll() is None else os.close(term.master)
+        for p in term.seen.values():  # what the killed run left (its agent's commands die with it)
+            if p.is_running():
+                p.kill()

@@ -2,9 +2,7 @@
 
 The parser is in `parsing`. `status`, `state` and `check` only read, so they never import
 Prefect (`reading`); `run`, `resume` and `demo` run the session flow in this process
-(`running`), or in the engine an earlier run kept (`labrun.serving.kept_engine`), which
-holds Prefect imported already; `server` and `queue` serve server mode (`serving`). So
-that handing over costs little, this module imports nothing before it.
+(`running`); `server` and `queue` serve server mode (`serving`).
 """
 
 from __future__ import annotations
@@ -16,11 +14,6 @@ from labrun.serving import CLIENT_MAX_RETRIES
 
 
 def main(argv: list[str] | None = None) -> int:
-    from labrun.serving.kept_engine import hand_over
-
-    code = hand_over(sys.argv[1:] if argv is None else argv)
-    if code is not None:
-        return code
     from labrun.cli.common import CliError, err
     from labrun.cli.parsing import parser
 

@@ -202,7 +202,7 @@ def _check_agent(run: Run) -> None:
 def run_session(run: Run) -> int:
     from labrun.commands import kill_group, running_groups
     from labrun.interrupts import Interrupted, on_hard_exit, stop_on_signals
-    from labrun.serving import ServerError, kept_engine
+    from labrun.serving import ServerError
     from labrun.serving.api import RunApi
 
     _configure_logging()
@@ -221,11 +221,8 @@ def run_session(run: Run) -> int:
             on_hard_exit(api.kill)
             on_hard_exit(lambda: [kill_group(g) for g in list(running_groups)])
             log.info(api.announcement())
-            if kept_engine.in_engine:
-                log.info(f"running in the engine kept between runs (pid {os.getppid()}), Prefect imported already")
             research_session = _import_engine(run.verbose)  # while the API starts
             api.wait()
-            kept_engine.keep()  # for later runs, now that this one's API answers
             return _run_flow(run, research_session)
     except Interrupted as e:
         interrupted = True
@@ -249,14 +246,7 @@ def run_session(run: Run) -> int:
 def _import_engine(verbose: bool):
     """The session flow, with Prefect configured for this run."""
     from labrun.flows.session import research_session
-    from labrun.serving import kept_engine
 
-    if kept_engine.in_engine:  # Prefect was imported before this run's environment and API were known
-        from prefect.context import refresh_global_settings_context
-        from prefect.logging.configuration import setup_logging
-
-        refresh_global_settings_context()
-        setup_logging(incremental=False)  # its handlers on this run's stderr, at its levels
     _quiet_prefect_console(verbose)
     return research_session
 

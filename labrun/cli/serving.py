@@ -15,7 +15,7 @@ from labrun.serving import DEFAULT_HOST, DEFAULT_PORT, POOL, QUEUE_DEPLOYMENT, S
 def cmd_server(args) -> int:
     from labrun.serving import processes
     from labrun.serving.api import server_record
-    from labrun.serving import prefect_home
+    from labrun.serving import new_database, prefect_home
     from labrun.serving.deploy import deploy, deployment_file
     from labrun.serving.prepare import prepare
 
@@ -32,6 +32,8 @@ def cmd_server(args) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored
     try:
         console.print(f"starting the Prefect server on {host}:{port} (log: {server_log})")
+        if new_database(env):
+            console.print("  a new Prefect home: Prefect builds its database first, which takes a while")
         server = processes.start_server(host, port, env, server_log)
         processes.wait_healthy(api_url, server, server_log)
         from prefect.settings import PREFECT_API_URL, temporary_settings

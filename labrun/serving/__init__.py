@@ -6,9 +6,7 @@
 - `processes`: starting and stopping local Prefect servers and workers;
 - `api`: the Prefect API of a `labrun run` (one running already, else `kept_api`'s);
 - `api_process`: the process of an API that labrun starts for its runs;
-- `fresh_db`: a new home's SQLite database, from a schema dump instead of migrations;
-- `submit`: one session run per idea, each with a workspace of its own;
-- `kept_engine`: Prefect and labrun's engine, imported once for later runs.
+- `submit`: one session run per idea, each with a workspace of its own.
 
 The names below are what prefect.yaml and the UI know labrun's objects by. Importing this
 package does not import Prefect.
@@ -38,3 +36,20 @@ class ServerError(Exception):
 
 def prefect_home() -> Path:
     return Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+
+
+def new_database(env: dict[str, str] | None = None) -> bool:
+    """Whether a Prefect API started with `env` (this process's environment by default) makes
+    its database first: no setting names a database, and PREFECT_HOME has none yet. Prefect's
+    migrations then take most of a first start, with nothing else to show."""
+    env = os.environ if env is None else env
+    if any(k.startswith(("PREFECT_SERVER_DATABASE_", "PREFECT_API_DATABASE_")) for k in env):
+        return False
+    home = Path(env.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+    profiles = Path(env.get("PREFECT_PROFILES_PATH") or home / "profiles.toml").expanduser()
+    try:
+        if "DATABASE" in profiles.read_text():  # a profile may name another database: say nothing
+            return False
+    except OSError:
+        pass
+    return not (home / "prefect.db").exists()

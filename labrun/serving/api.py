@@ -18,7 +18,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from labrun.serving import ServerError, kept_api, prefect_home
+from labrun.serving import ServerError, kept_api, new_database, prefect_home
 from labrun.serving.processes import free_port, healthy, server_env, start_api, stop, wait_healthy
 
 
@@ -51,21 +51,27 @@ def labrun_server_url() -> str | None:
 @dataclass
 class RunApi:
     """The API of one run; `proc` is set when this run started it for itself alone, `kept`
-    (its pid) when it is the API kept between runs."""
+    (its psutil process, identified by pid and start time) when it is the API kept between
+    runs."""
 
     url: str
     proc: subprocess.Popen | None = None
     log: Path | None = None
     origin: str = ""
-    kept: int | None = None
+    kept: "psutil.Process | None" = None
     lease: int | None = None
-    """This run's lease on the kept API and engine (`kept_api.hold_lease`)."""
+    """This run's lease on the kept API (`kept_api.hold_lease`)."""
     reused: bool = False
     """Running before this run came."""
+    new_database: bool = False
+    """Started on a Prefect home without a database: Prefect migrates one first."""
 
     def announcement(self) -> str:
         if self.reused:
             return f"using the Prefect API at {self.url} ({self.origin})"
+        if self.new_database:  # tens of seconds with no other output: say what they are
+            return (f"starting Prefect's API ({self.origin}); a new Prefect home, so the first run takes "
+                    "longer: Prefect builds its database")
         return f"starting a Prefect API ({self.origin})"
 
     @classmethod
@@ -79,16 +85,17 @@ class RunApi:
         if url:
             return cls(url, origin="labrun server", lease=lease, reused=True)
         if minutes > 0:
-            url, pid, started = kept_api.find_or_start(minutes)
+            new = new_database()
+            url, proc, started = kept_api.find_or_start(minutes)
             if started:
-                return cls(url, log=kept_api.log_path(), kept=pid, lease=lease,
+                return cls(url, log=kept_api.log_path(), kept=proc, lease=lease, new_database=new,
                            origin=f"kept for later runs until unused for {minutes:g} minutes; LABRUN_KEEP_API=0: "
                                   "one for each run")
-            return cls(url, log=kept_api.log_path(), kept=pid, lease=lease, origin="kept between runs", reused=True)
+            return cls(url, log=kept_api.log_path(), kept=proc, lease=lease, origin="kept between runs", reused=True)
         port = free_port()
         url = f"http://127.0.0.1:{port}/api"
         log = prefect_home() / "labrun" / "api.log"
-        return cls(url, start_api(port, server_env(url), log), log,
+        return cls(url, start_api(port, server_env(url), log), log, new_database=new_database(),
                    origin="for this run; no server is running, `labrun server` keeps one")
 
     def wait(self) -> None:
@@ -100,8 +107,8 @@ class RunApi:
                               "(`labrun server`), or unset PREFECT_API_URL to let labrun start its own")
 
     def interrupted(self, grace_s: float = 1.0) -> None:
-        """The run was interrupted: nothing it started may outlive it, so the kept API and
-        engine go too unless another run is using them."""
+        """The run was interrupted: nothing it started may outlive it, so the kept API goes
+        too unless another run is using it."""
         if self.lease is not None:
             kept_api.stop_unless_used(self.lease, grace_s)
 
@@ -109,7 +116,7 @@ class RunApi:
         """At once (a second Ctrl-C)."""
         self.interrupted(grace_s=0)
         if self.proc is not None:
-            try:
+            try:  # its own group, this process's child, not reaped: the pid is still its own
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass

@@ -1,5 +1,4 @@
-"""The Prefect API that `labrun run` keeps between runs (LABRUN_KEEP_API, in idle minutes),
-and the lease that the kept engine (`kept_engine`) shares with it.
+"""The Prefect API that `labrun run` keeps between runs (LABRUN_KEEP_API, in idle minutes).
 
 Prefect's API needs seconds to import and start, more than the rest of a run's start-up. So
 the first run that finds no server starts this one, detached (a session of its own, no
@@ -9,12 +8,14 @@ PREFECT_HOME use it. It exits by itself once no run has used it for LABRUN_KEEP_
 
 Each run that keeps them holds a shared lock on PREFECT_HOME/labrun/kept-api.lease while it
 runs (the kernel drops it when the run ends, even after `kill -9`). An interrupted run
-(Ctrl-C, SIGTERM) leaves nothing behind: it takes the API and the engine with it unless
-another run is using them. Each counts as idle while it
-can take that lock exclusively; when it goes, it takes the lock first and removes its record
-(kept-api.json), so that a run never picks up an API that is on its way out.
+(Ctrl-C, SIGTERM) leaves nothing behind: it takes the API with it unless another run is
+using it. The API counts as idle while it can take that lock exclusively; when it goes, it
+takes the lock first and removes its record (kept-api.json), so that a run never picks up
+an API that is on its way out.
 
-Its process is `labrun.serving.api_process` with the idle minutes.
+Its process is `labrun.serving.api_process` with the idle minutes. The record names it by
+its pid and its start time: a pid alone may name another process after a reboot or a `kill
+-9`, and labrun never signals that one.
 """
 
 from __future__ import annotations
@@ -51,9 +52,9 @@ def _folder() -> Path:
     return folder
 
 
-def record_path(name: str = "kept-api") -> Path:
-    """Where the kept process `name` (kept-api, kept-engine) leaves its pid while it runs."""
-    return _folder() / f"{name}.json"
+def record_path() -> Path:
+    """Where the kept API leaves its address and process while it runs."""
+    return _folder() / "kept-api.json"
 
 
 def log_path() -> Path:
@@ -67,62 +68,72 @@ def _lock(name: str, how: int) -> int:
 
 
 def hold_lease() -> int:
-    """For the rest of this run: the kept API and engine do not go while the run holds this."""
+    """For the rest of this run: the kept API does not go while the run holds this."""
     return _lock("kept-api.lease", fcntl.LOCK_SH)
 
 
 def stop_unless_used(lease: int, grace_s: float) -> None:
-    """For an interrupted run: stop the kept API and engine, unless another run holds the
-    lease. Holding it alone, the run keeps it until it exits, so that a run starting now
-    starts anew."""
+    """For an interrupted run: stop the kept API, unless another run holds the lease.
+    Holding it alone, the run keeps it until it exits, so that a run starting now starts
+    anew."""
     try:
         fcntl.flock(lease, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        return  # another run uses them
-    for name in ("kept-engine", "kept-api"):
-        record = read_record(name)
-        if record is not None:
-            record_path(name).unlink(missing_ok=True)
-            _stop(int(record["pid"]), grace_s)
+        return  # another run uses it
+    record, proc = _recorded()
+    if record is not None:
+        record_path().unlink(missing_ok=True)
+        stop_process(proc, grace_s)
 
 
-def _stop(pid: int, grace_s: float) -> None:
+def stop_process(proc, grace_s: float) -> None:
+    """SIGTERM, then SIGKILL after `grace_s`, to `proc` (psutil's, which knows its start
+    time) while its pid still names it."""
     import signal
 
-    from labrun.serving.processes import still_running
+    from labrun.serving.processes import send, still_running
 
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, grace_s)):
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if not send(proc, sig):
             return
-        deadline = time.monotonic() + wait_s
-        while still_running(pid) and time.monotonic() < deadline:
+        deadline = time.monotonic() + grace_s
+        while still_running(proc) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if not still_running(pid):
+        if not still_running(proc):
             return
 
 
-def read_record(name: str = "kept-api") -> dict | None:
-    """The kept process's record (the API's has its address), if its process is alive."""
-    from labrun.serving.processes import still_running
+def process_of(record: dict):
+    """The live process (psutil) that a record names by pid and start time, or None."""
+    from labrun.serving.processes import alive, identified
 
     try:
-        record = json.loads(record_path(name).read_text())
-        return record if still_running(int(record["pid"])) else None
-    except (OSError, ValueError, KeyError, TypeError):
+        proc = identified(int(record["pid"]), float(record["started"]))
+    except (KeyError, TypeError, ValueError):  # a record without a start time (an older labrun's): stale
         return None
+    return proc if proc is not None and alive(proc) else None
 
 
-def write_record(name: str, **fields) -> None:
-    record_path(name).write_text(json.dumps({**fields, "pid": os.getpid()}))
+def read_record() -> dict | None:
+    """The kept API's record (its address, pid and start time), if its process is alive."""
+    return _recorded()[0]
 
 
-def forget_record(name: str) -> None:
-    """At the kept process's end: its record, unless a newer one has replaced it."""
+def _recorded():
+    """The record and its live process, or (None, None)."""
     try:
-        if json.loads(record_path(name).read_text()).get("pid") == os.getpid():
-            record_path(name).unlink()
+        record = json.loads(record_path().read_text())
+    except (OSError, ValueError):
+        return None, None
+    proc = process_of(record) if isinstance(record, dict) else None
+    return (record, proc) if proc is not None else (None, None)
+
+
+def forget_record() -> None:
+    """At the kept API's end: its record, unless a newer one has replaced it."""
+    try:
+        if json.loads(record_path().read_text()).get("pid") == os.getpid():
+            record_path().unlink()
     except (OSError, ValueError):
         pass
 
@@ -144,28 +155,32 @@ def release(lease: int) -> None:
     fcntl.flock(lease, fcntl.LOCK_UN)
 
 
-def find_or_start(minutes: float) -> tuple[str, int, bool]:
-    """The kept API's URL and pid, and whether this call started it. Call it holding the
-    lease; one run at a time decides (kept-api.start.lock), so two runs start one API."""
+def find_or_start(minutes: float):
+    """The kept API's URL and process (psutil), and whether this call started it. Call it
+    holding the lease; one run at a time decides (kept-api.start.lock), so two runs start
+    one API."""
+    import psutil
+
     from labrun.serving.processes import free_port, server_env, spawn
 
     fd = _lock("kept-api.start.lock", fcntl.LOCK_EX)
     try:
-        record = read_record()
+        record, proc = _recorded()
         if record is not None:
-            return record["api_url"], record["pid"], False
+            return record["api_url"], proc, False
         port = free_port()
         url = f"http://{DEFAULT_HOST}:{port}/api"
-        proc = spawn([sys.executable, "-m", "labrun.serving.api_process", str(port), str(minutes)],
-                     server_env(url, kept_env()), log_path(), die_with_parent=False)
-        record_path().write_text(json.dumps({"api_url": url, "pid": proc.pid}))
-        return url, proc.pid, True
+        child = spawn([sys.executable, "-m", "labrun.serving.api_process", str(port), str(minutes)],
+                      server_env(url, kept_env()), log_path(), die_with_parent=False)
+        proc = psutil.Process(child.pid)  # this process's child, not reaped: the pid is still its own
+        record_path().write_text(json.dumps({"api_url": url, "pid": proc.pid, "started": proc.create_time()}))
+        return url, proc, True
     finally:
         os.close(fd)
 
 
 def kept_env() -> dict[str, str]:
-    """The environment of a kept process: it outlives this run, so it keeps none of the
+    """The environment of the kept API: it outlives this run, so it keeps none of the
     run's secrets but Prefect's own (a database URL with its password)."""
     return {k: v for k, v in os.environ.items() if k.startswith("PREFECT_") or not is_secret_name(k)}
 
@@ -181,7 +196,7 @@ def go_when_idle(server, idle_s: float) -> None:
             continue
         if time.monotonic() - idle_since >= idle_s:
             # Keep the lock until this process ends: a run starting now waits, then starts anew.
-            forget_record("kept-api")
+            forget_record()
             server.should_exit = True
             return
         release(lease)

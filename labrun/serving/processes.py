@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from labrun.serving import CLIENT_MAX_RETRIES, DEFAULT_HOST, POOL, ServerError, fresh_db
+from labrun.serving import CLIENT_MAX_RETRIES, DEFAULT_HOST, POOL, ServerError
 
 PR_SET_PDEATHSIG = 1
 
@@ -91,9 +91,7 @@ def spawn(cmd: list[str], env: dict[str, str], log: Path | None, die_with_parent
 
 
 def start_server(host: str, port: int, env: dict[str, str], log: Path) -> subprocess.Popen:
-    """`prefect server start`: the API, the UI and Prefect's services. A new home's database
-    is loaded from the schema dump first (`fresh_db`); the server's migrations then check it."""
-    fresh_db.create_default(env)
+    """`prefect server start`: the API, the UI and Prefect's services."""
     return spawn([*prefect_cli(), "server", "start", "--host", host, "--port", str(port)], env, log)
 
 
@@ -102,9 +100,9 @@ def start_api(port: int, env: dict[str, str], log: Path) -> subprocess.Popen:
     return spawn([sys.executable, "-m", "labrun.serving.api_process", str(port)], env, log)
 
 
-def wait_healthy(api_url: str, proc: subprocess.Popen | int | None, log: Path | None,
+def wait_healthy(api_url: str, proc: subprocess.Popen | psutil.Process | None, log: Path | None,
                  timeout_s: float = 180) -> None:
-    """Until the API at `api_url` answers, or `proc` (a child, or the pid of another's) ends."""
+    """Until the API at `api_url` answers, or `proc` (a child, or another's process) ends."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if healthy(api_url):
@@ -117,13 +115,46 @@ def wait_healthy(api_url: str, proc: subprocess.Popen | int | None, log: Path | 
     raise ServerError(f"the Prefect server at {api_url} did not answer within {timeout_s:.0f} s")
 
 
-def still_running(proc: subprocess.Popen | int) -> bool:
+def still_running(proc: subprocess.Popen | psutil.Process) -> bool:
     if isinstance(proc, subprocess.Popen):
         return proc.poll() is None
+    return alive(proc)
+
+
+def identified(pid: int, started: float) -> psutil.Process | None:
+    """The process `pid` if it is the one that started at `started` (psutil's create_time,
+    as a record stored it); None when it is gone or the pid now names another process (after
+    a reboot, or a `kill -9` and the pid's reuse)."""
     try:
-        return alive(psutil.Process(proc))
-    except psutil.NoSuchProcess:
+        proc = psutil.Process(pid)
+        return proc if proc.create_time() == started else None
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def send(proc: psutil.Process, sig: int) -> bool:
+    """`sig` to `proc` only if its pid still names it (same start time); False when it is
+    gone. Through a pidfd, which pins the process that had the pid when it was opened: if the
+    start time matches after that, the signal cannot reach a newcomer with the same pid."""
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except ProcessLookupError:
         return False
+    except OSError:  # no pidfd here (an old kernel, a seccomp filter): psutil checks the start time before it signals
+        try:
+            proc.send_signal(sig)
+            return True
+        except psutil.NoSuchProcess:
+            return False
+    try:
+        if not proc.is_running():  # psutil compares the pid's start time with `proc`'s
+            return False
+        signal.pidfd_send_signal(fd, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def start_worker(env: dict[str, str], log: Path | None = None, pool: str = POOL,
@@ -155,7 +186,9 @@ def alive(proc: psutil.Process) -> bool:
 
 def stop(proc: subprocess.Popen | None, grace_s: float = 15, first: int = signal.SIGTERM) -> None:
     """`first` to the process group, SIGKILL to what is left of it after `grace_s`; then
-    the processes it started in sessions of their own (a worker's flow runs), the same way."""
+    the processes it started in sessions of their own (a worker's flow runs), the same way.
+    The group's id is `proc`'s pid, which no other process can take before `proc` is reaped
+    (by `proc.wait` here); psutil checks each descendant's start time before it signals."""
     if proc is None:
         return
     below = descendants(proc.pid)

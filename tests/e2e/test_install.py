@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from e2e_helpers import REPO, UUID_RE
-from support import ready_engine
+from labrun.serving import kept_api
 
 NOISE = ("Traceback", "ERROR", "WARNING")
 
@@ -55,7 +55,7 @@ def test_the_wheel_carries_its_data_and_no_generic_module(installed):
     assert not (site / "templates").exists() and not (site / "examples").exists()
     pkg = site / "labrun"
     for data in ("templates/STATE.md.j2", "examples/demo_noise_averaging.yaml", "prefect.yaml",
-                 "flows/session.py", "phases/phase.py", "serving/prefect-sqlite-schema.sql"):
+                 "flows/session.py", "phases/phase.py"):
         assert (pkg / data).is_file(), data
 
 
@@ -101,25 +101,21 @@ def assert_checks_and_runs_the_demo(installed: Path, idea: Path, tmp_path: Path)
         out = demo.stdout + demo.stderr
         assert demo.returncode == 0, out
         assert "Session complete." in out
+        assert "Prefect builds its database" in " ".join(out.split()), out  # a first run says why it waits
         assert not [line for line in out.splitlines() if any(n in line for n in NOISE)], out
         report = (elsewhere / "labrun-demo" / "REPORT.md").read_text()
         assert report.startswith("# Report: Averaging noisy measurements")
         assert "The results above are those of attempt 2." in report
-        # The next run goes to the engine the demo kept, which this install's Python imported.
-        ready_engine(home.parent)
+        # The next run uses the API the demo kept.
         again = subprocess.run([str(installed), "demo", "again"], cwd=elsewhere, env=env, capture_output=True,
                                text=True, timeout=300)
-        assert again.returncode == 0 and "running in the engine kept between runs" in again.stderr, again.stderr
+        assert again.returncode == 0 and "(kept between runs)" in " ".join(again.stderr.split()), again.stderr
         assert (elsewhere / "again" / "REPORT.md").exists()
-    finally:  # the demo keeps its Prefect API and engine for later runs (LABRUN_KEEP_API): stop them here
-        pids = {name: json.loads((home / f"{name}.json").read_text())["pid"]
-                for name in ("kept-api", "kept-engine") if (home / f"{name}.json").exists()}
-        for pid in pids.values():
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    assert "kept-api" in pids, "no kept API recorded"
+    finally:  # the demo keeps its Prefect API for later runs (LABRUN_KEEP_API): stop it here
+        kept = json.loads((home / "kept-api.json").read_text()) if (home / "kept-api.json").exists() else None
+        if kept is not None and kept_api.process_of(kept) is not None:
+            kept_api.stop_process(kept_api.process_of(kept), grace_s=10)
+    assert kept is not None, "no kept API recorded"
     version = subprocess.run([str(installed), "--version"], env=env, capture_output=True, text=True)
     assert version.stdout.strip() == "labrun 0.1.0"
 
