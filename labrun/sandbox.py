@@ -34,6 +34,7 @@ the engine dies, and the watcher then kills everything in the sandbox.
 from __future__ import annotations
 
 import glob
+import json
 import logging
 import os
 import shlex
@@ -151,6 +152,29 @@ def in_pid_namespace(argv: list[str], lifeline: int) -> list[str]:
     return [bubblewrap(), *PID_NAMESPACE, "--", *watched(argv, lifeline)]
 
 
+_HAND_OVER = ("import json, os, sys; fd = int(sys.argv[1]); env = {**os.environ, **json.load(os.fdopen(fd))}; "
+              "os.execve(sys.argv[2], sys.argv[2:], env)")
+
+
+class Secrets:
+    """Variables for the sandbox's last program only (a CLI's key, labrun's MCP token): kept
+    out of bwrap's environment and the watcher's, which a process of the same user inside
+    could read, and handed over through a pipe that a loader reads and closes before it
+    execs the program with them. The program must keep its own environment unreadable
+    (labrun.agents.gemini.sealed)."""
+
+    def __init__(self, env: dict[str, str]):
+        self.fd, held = os.pipe()
+        os.write(held, json.dumps(env).encode())  # far below a pipe's buffer
+        os.close(held)
+
+    def handed_to(self, argv: list[str]) -> list[str]:
+        return [sys.executable, "-I", "-c", _HAND_OVER, str(self.fd), *argv]
+
+    def close(self) -> None:
+        os.close(self.fd)  # the process holds its own copy
+
+
 class Lifeline:
     """The pipe a bubblewrap lives on: the process gets the read end (`fd`), the engine only
     the write end, which `cut` closes once the process has ended (the kernel does it when the
@@ -159,9 +183,10 @@ class Lifeline:
     def __init__(self) -> None:
         self.fd, self._held = os.pipe()
 
-    def popen(self, argv: list[str], **kwargs) -> subprocess.Popen:
+    def popen(self, argv: list[str], keep: tuple[int, ...] = (), **kwargs) -> subprocess.Popen:
+        """`keep`: other descriptors the process gets (a `Secrets` pipe)."""
         try:
-            return subprocess.Popen(argv, pass_fds=(self.fd,), **kwargs)
+            return subprocess.Popen(argv, pass_fds=(self.fd, *keep), **kwargs)
         except BaseException:
             self.cut()
             raise

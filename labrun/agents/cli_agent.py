@@ -89,8 +89,8 @@ from labrun.journal import Conversation
 from labrun.mcp_tools import ToolCall, ToolServer, run_call
 from labrun.model import FatalModelError, TransientModelError, UsageWindowSpent
 from labrun.prices import cost_usd
-from labrun.sandbox import Lifeline, Sandbox, bubblewrap, in_pid_namespace
-from labrun.secrets import redact
+from labrun.sandbox import Lifeline, Sandbox, Secrets, bubblewrap, in_pid_namespace
+from labrun.secrets import declared, is_secret_name, redact
 from labrun.tools import ToolBox, ToolResult
 from labrun.turns import RETRY_POLICY, PhaseStopped, back_off
 from labrun.usage import Budget, BudgetSpent, Usage, add_usd
@@ -223,6 +223,9 @@ class RunPlan:
     """The session's sandbox of agent commands, for a CLI that runs inside it."""
     lifeline: int | None = None
     """For a CLI run inside the sandbox: the read end of its lifeline (`Sandbox.wrap`)."""
+    secrets: Secrets | None = None
+    """For a CLI run inside the sandbox: its environment's secrets, for it alone (`argv` hands
+    them over)."""
 
 
 # -- the base ---------------------------------------------------------------------------------
@@ -383,9 +386,15 @@ class CliAgent:
         namespace = self.needs_namespace(env) and pid_namespaces()
         sandboxed = self.in_sandbox and plan.sandbox is not None and bubblewrap() is not None
         lifeline = Lifeline() if namespace or sandboxed else None
-        argv = self.argv(replace(plan, lifeline=lifeline.fd) if sandboxed else plan)
-        with open(stderr_path, "wb") as stderr:
-            proc = spawn(argv, cwd=toolbox.root, env=env, stderr=stderr, namespace=namespace, lifeline=lifeline)
+        secrets = Secrets({k: env.pop(k) for k in list(env) if k in declared or is_secret_name(k)}) if sandboxed else None
+        argv = self.argv(replace(plan, lifeline=lifeline.fd, secrets=secrets) if sandboxed else plan)
+        try:
+            with open(stderr_path, "wb") as stderr:
+                proc = spawn(argv, cwd=toolbox.root, env=env, stderr=stderr, namespace=namespace, lifeline=lifeline,
+                             keep=(secrets.fd,) if secrets else ())
+        finally:
+            if secrets:
+                secrets.close()
         write_line(transcript, {"type": "labrun", "event": "start", "run": n, "at": _now(),
                                 "argv": [redact(a) for a in argv],
                                 "prompt": redact(prompt), "pid": proc.pid, "engine_pid": os.getpid()})
@@ -782,18 +791,20 @@ def _die_with_engine() -> None:
 
 
 def spawn(argv: list[str], cwd: Path, env: dict[str, str], stderr, namespace: bool = False,
-          lifeline: Lifeline | None = None) -> subprocess.Popen:
+          lifeline: Lifeline | None = None, keep: tuple[int, ...] = ()) -> subprocess.Popen:
     """Start a CLI run tied to the engine: with a parent-death signal, and when asked for
     (`pid_namespaces()`) in a PID namespace that ends with the lifeline (`labrun.sandbox.watched`).
     It stays in the engine's process group, so a kill of that group reaches it too.
-    `argv` may be a sandbox on the same lifeline."""
+    `argv` may be a sandbox on the same lifeline; `keep`, descriptors it gets besides."""
     if namespace:
         assert lifeline is not None, "a PID namespace needs its lifeline"
         argv = in_pid_namespace(argv, lifeline.fd)
     _prctl()  # resolved here, not in the forked child
-    return (lifeline.popen if lifeline else subprocess.Popen)(
-        argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
-        preexec_fn=_die_with_engine)
+    if lifeline:
+        return lifeline.popen(argv, keep, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=stderr, preexec_fn=_die_with_engine)
+    return subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                            pass_fds=keep, preexec_fn=_die_with_engine)
 
 
 def kill_tree(proc: subprocess.Popen) -> None:

@@ -119,17 +119,22 @@ class GeminiAgent(CliAgent):
     def argv(self, plan: RunPlan) -> list[str]:
         home = self.home(plan)
         self.write_settings(plan, home)
-        cli = [self.executable, "--output-format", "stream-json", "--skip-trust", "--approval-mode", "yolo",
-               "-m", self.model]
+        cli = ["--output-format", "stream-json", "--skip-trust", "--approval-mode", "yolo", "-m", self.model]
         if plan.session_id:
             cli += ["--resume", plan.session_id]
         if plan.sandbox is None or plan.lifeline is None:
-            return cli
+            return [self.executable, *cli]
+        launcher = sealed(self.executable)
+        cli = [*launcher, *cli]
+        if plan.secrets is not None:
+            cli = plan.secrets.handed_to(cli)
         if plan.sandbox.egress is not None:  # its API and labrun's MCP server, through the proxy
             allow_endpoints(plan.sandbox.egress, [os.environ.get("GOOGLE_GEMINI_BASE_URL") or DEFAULT_API,
                                                   *([plan.server.url] if plan.server else [])])
         # no_proxy: none, so that its calls to those endpoints on the loopback go through the proxy too
-        return replace(plan.sandbox, writable=(*plan.sandbox.writable, home), no_proxy="").wrap(cli, plan.lifeline)
+        node_copy = (Path(launcher[0]).parent,) if len(launcher) > 1 else ()  # shown wherever it lies
+        return replace(plan.sandbox, readonly=(*plan.sandbox.readonly, *node_copy),
+                       writable=(*plan.sandbox.writable, home), no_proxy="").wrap(cli, plan.lifeline)
 
     def write_settings(self, plan: RunPlan, home: Path) -> None:
         """Its settings and labrun's phase prompt in its home, before every run (the MCP
@@ -325,6 +330,35 @@ def login() -> str | None:
     if (user_config() / "oauth_creds.json").is_file():
         return f"Google login ({user_config() / 'oauth_creds.json'}, copied into the workspace's .labrun/gemini)"
     return None
+
+
+def sealed(executable: str) -> list[str]:
+    """How to start Gemini CLI so that its shell commands cannot read its environment (its
+    key, labrun's MCP token): its script run by an execute-only copy of node. The kernel
+    marks a process that runs a program it may not read as not dumpable, and other processes
+    of the same user then cannot open its `/proc/<pid>/environ` (nor its memory) without
+    CAP_SYS_PTRACE, which nothing in the sandbox has. A launcher that is not a node script
+    is run as it is."""
+    script = Path(executable).resolve()
+    try:
+        with open(script, "rb") as f:
+            node_script = b"node" in f.readline()
+    except OSError:
+        node_script = False
+    node = shutil.which("node")
+    if not node_script or node is None:
+        return [executable]
+    source = Path(node).resolve()
+    facts = source.stat()
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "labrun"
+    copy = cache / f"node-{facts.st_size}-{facts.st_mtime_ns}"
+    if not copy.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        part = copy.with_name(f"{copy.name}.{os.getpid()}.part")
+        shutil.copyfile(source, part)
+        part.chmod(0o111)
+        part.replace(copy)
+    return [str(copy), str(script)]
 
 
 def copy_google_login(config: Path) -> None:
