@@ -63,6 +63,7 @@ _WATCHER = '{{ read -r -u {fd} _; kill -KILL -1; }} & {before}exec "$@" {fd}<&-'
 EGRESS_SOCKET = "/run/labrun/egress.sock"
 """Where the egress proxy's socket is bound inside the sandbox."""
 BRIDGE = Path(__file__).with_name("netbridge.py")
+"""Run from its text: an installed labrun may lie where the sandbox shows nothing (under /tmp)."""
 CREDENTIAL_STORES = (".ssh", ".aws", ".azure", ".gnupg", ".kube", ".docker", ".netrc", ".git-credentials",
                      ".npmrc", ".pypirc", ".config/gcloud", ".config/gh", ".claude", ".claude.json", ".codex",
                      ".gemini", ".prefect")
@@ -70,6 +71,13 @@ CREDENTIAL_STORES = (".ssh", ".aws", ".azure", ".gnupg", ".kube", ".docker", ".n
 HOME_VARIABLES = ("CLAUDE_CONFIG_DIR", "CODEX_HOME", "GEMINI_CLI_HOME", "PREFECT_HOME")
 CACHE_VARIABLES = {"XDG_CACHE_HOME": "", "PIP_CACHE_DIR": "pip", "UV_CACHE_DIR": "uv", "HF_HOME": "huggingface",
                    "TORCH_HOME": "torch"}
+
+
+def interpreter() -> str:
+    """The Python that runs labrun's helpers inside the sandbox (the bridge, the hand-over of
+    secrets): the installation's own, not a virtual environment's link or copy, which may lie
+    under /tmp; `Sandbox.wrap` shows the installation wherever it lies."""
+    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
 
 
 def hidden_paths() -> list[Path]:
@@ -113,7 +121,8 @@ class Sandbox:
         for path in hidden_paths():  # before the workspace, which may lie in one of them
             args += ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
         # /tmp before the workspace, which may lie under /tmp itself.
-        args += ["--bind", str(self.tmp), "/tmp", "--bind", str(self.workspace), str(self.workspace)]
+        args += ["--bind", str(self.tmp), "/tmp", "--ro-bind", sys.base_prefix, sys.base_prefix,
+                 "--bind", str(self.workspace), str(self.workspace)]
         for path in self.readonly:
             path.mkdir(parents=True, exist_ok=True)
             args += ["--ro-bind", str(path), str(path)]
@@ -134,7 +143,7 @@ class Sandbox:
                 args += ["--setenv", name, proxy]
             for name in ("NO_PROXY", "no_proxy"):
                 args += ["--setenv", name, self.no_proxy]
-            bridge = shlex.join([sys.executable, "-I", str(BRIDGE), str(BRIDGE_PORT), EGRESS_SOCKET])
+            bridge = shlex.join([interpreter(), "-I", "-c", BRIDGE.read_text(), str(BRIDGE_PORT), EGRESS_SOCKET])
             before = f"{bridge} </dev/null >/dev/null 2>&1 {{fd}}<&- && "
         return [*args, "--chdir", str(self.workspace), "--", *watched(argv, lifeline, before)]
 
@@ -169,7 +178,7 @@ class Secrets:
         os.close(held)
 
     def handed_to(self, argv: list[str]) -> list[str]:
-        return [sys.executable, "-I", "-c", _HAND_OVER, str(self.fd), *argv]
+        return [interpreter(), "-I", "-c", _HAND_OVER, str(self.fd), *argv]
 
     def close(self) -> None:
         os.close(self.fd)  # the process holds its own copy
