@@ -13,8 +13,8 @@ refuses every address that is not out on the internet (loopback, link-local with
 metadata address, private, carrier-grade NAT, multicast, unspecified, and the machine's own
 addresses, IPv4 inside IPv6 included) and connects to the address it checked, so a name
 that resolves differently a moment later (DNS rebinding) gains nothing. A session may narrow
-egress to a list of domains (`constraints.allowed_domains`, `--allow-domain`): a domain
-admits itself and its subdomains.
+egress to a list of domains (the idea's `constraints.allowed_domains`): a domain admits
+itself and its subdomains.
 
 A coding CLI that runs inside the sandbox (Gemini CLI) must still reach its model API and
 labrun's MCP server, both maybe on the engine's loopback: the engine names those exact
@@ -98,15 +98,17 @@ def domain_allowed(host: str, domains: Iterable[str] | None) -> bool:
 
 def checked_address(host: str, port: int, domains: list[str] | None, own: set,
                     endpoints: Iterable[str] = ()) -> str:
-    """The address to connect to for `host`, or `Refused` saying why not."""
-    if f"{host.lower()}:{port}" in endpoints:
-        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][4][0]
-    if not domain_allowed(host, domains):
+    """The address to connect to for `host`, or `Refused` saying why not. `endpoints`: the
+    `host:port`s the engine named, reached whatever their address."""
+    named = f"{host.lower()}:{port}" in endpoints
+    if not named and not domain_allowed(host, domains):
         raise Refused(f"{host} is not among this session's allowed domains ({', '.join(domains)})")
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as e:
         raise Refused(f"{host} does not resolve ({e.strerror})") from None
+    if named:
+        return infos[0][4][0]
     why = None
     for *_, sockaddr in infos:
         ip = ipaddress.ip_address(sockaddr[0].split("%")[0])

@@ -18,9 +18,12 @@ is Gemini CLI's; docs/agent-clis.md has what the real Gemini CLI 0.61 was seen t
   and its shell commands lead process groups of their own. So the whole CLI runs in the
   session's bubblewrap sandbox (`labrun.sandbox`): the workspace and its home writable, the
   rest read-only, a private /tmp, its own PID namespace that dies with the engine (its
-  lifeline: a watcher inside that ends it all when the engine's end of a pipe closes). The CLI
-  needs the network (the API, labrun's MCP server), so `--no-network` cannot be kept for
-  its commands: labrun says so.
+  lifeline: a watcher inside that ends it all when the engine's end of a pipe closes), and
+  its own network namespace, whose egress proxy lets exactly its API's and labrun's MCP
+  server's endpoints through besides the internet. The CLI needs them, so `--no-network`
+  cannot be kept for its commands: labrun says so. Its key and labrun's MCP token reach the
+  CLI alone (`Secrets`, and `sealed`: an execute-only node, whose environment its shell
+  commands cannot read).
 - **The events.** `init` (the session id), `message`, `tool_use`, `tool_result`, `result`
   (`status`, `error`, `stats`: this run's tokens alone, also after `--resume`).
 - **Cost.** Gemini CLI reports tokens only: labrun prices them (labrun/prices.py) and marks
