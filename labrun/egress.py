@@ -230,10 +230,13 @@ def main() -> None:
 
     from proxy import main as proxy_main
 
+    folder = Path(sys.argv[sys.argv.index("--unix-socket-path") + 1]).parent
+
     def exit_on_eof() -> None:
         # os.read, not sys.stdin: a fork (proxy.py's acceptors) must not find its lock held.
         while os.read(0, 4096):
             pass
+        shutil.rmtree(folder, ignore_errors=True)  # also after a kill -9 of the engine
         os.killpg(0, signal.SIGKILL)  # with proxy.py's acceptor processes
 
     threading.Thread(target=exit_on_eof, daemon=True).start()

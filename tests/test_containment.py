@@ -27,7 +27,7 @@ import psutil
 import pytest
 import yaml
 
-from support import DEMO_IDEA, require_bubblewrap
+from support import DEMO_IDEA, require_bubblewrap, wait_for
 from web_host import serving
 from labrun.mcp_tools import ToolServer
 from labrun.phases import BY_KEY
@@ -324,3 +324,33 @@ def test_an_idea_can_narrow_egress_to_its_domains_or_turn_it_off(tmp_path, test_
             assert "is not among this session's allowed domains (pypi.org, files.pythonhosted.org)" in out, out
     finally:
         s.close()
+
+
+ENGINE = """
+import sys, time
+from labrun.session import Session
+s = Session.open(sys.argv[1], sys.argv[2], "scripted")
+sandbox = s.sandbox()
+print(s._egress.proc.pid, sandbox.egress, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_egress_proxy_ends_with_its_engine_however_it_ends(tmp_path):
+    """A `kill -9` of the engine leaves neither the proxy's processes nor its folder."""
+    engine = subprocess.Popen([sys.executable, "-c", ENGINE, str(tmp_path / "ws"), str(DEMO_IDEA)],
+                              stdout=subprocess.PIPE, text=True)
+    pid, sock = engine.stdout.readline().split()
+    proxy = psutil.Process(int(pid))
+    family = [proxy, *proxy.children(recursive=True)]  # proxy.py's acceptor too
+    assert len(family) >= 2 and Path(sock).exists()
+    engine.kill()
+    engine.wait()
+
+    def gone(p: psutil.Process) -> bool:
+        try:
+            return p.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+    wait_for(lambda: all(map(gone, family)) and not Path(sock).parent.exists(), timeout=10,
+             what="the egress proxy and its folder to go with the engine")
