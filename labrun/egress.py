@@ -49,6 +49,9 @@ BLOCKED_NETWORKS = tuple(ipaddress.ip_network(n) for n in (
 """Never reachable from the sandbox: the machine and the networks beside it, not the internet."""
 DOMAINS_VAR = "LABRUN_EGRESS_DOMAINS"
 """JSON list of the domains a session may reach; unset means any."""
+IDLE_TIMEOUT_S = 3600
+"""How long a connection may carry nothing before the proxy drops it: proxy.py's default, 10 s,
+would cut a model's stream while it thinks and a download while a server prepares it."""
 BRIDGE_PORT = 3128
 """Where the bridge listens on the sandbox's own loopback."""
 
@@ -205,7 +208,8 @@ class EgressProxy:
             # Its stdin is the lifeline: a pipe only this process holds open (`main`).
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", __name__, "--unix-socket-path", str(self.socket),
-                 "--num-acceptors", "1", "--log-level", "WARNING", "--plugins", f"{__name__}.EgressFilter"],
+                 "--num-acceptors", "1", "--timeout", str(IDLE_TIMEOUT_S), "--log-level", "WARNING",
+                 "--plugins", f"{__name__}.EgressFilter"],
                 env=env, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 30
         while not self.socket.exists():

@@ -137,15 +137,28 @@ class Sandbox:
                 args += ["--setenv", name, str(self.cache / sub)]
         before = ""
         if self.network and self.egress:
-            args += ["--ro-bind", str(self.egress), EGRESS_SOCKET]
-            proxy = f"http://127.0.0.1:{BRIDGE_PORT}"
-            for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
-                args += ["--setenv", name, proxy]
-            for name in ("NO_PROXY", "no_proxy"):
-                args += ["--setenv", name, self.no_proxy]
-            bridge = shlex.join([interpreter(), "-I", "-c", BRIDGE.read_text(), str(BRIDGE_PORT), EGRESS_SOCKET])
-            before = f"{bridge} </dev/null >/dev/null 2>&1 {{fd}}<&- && "
+            args += ["--ro-bind", str(self.egress), EGRESS_SOCKET, *proxy_variables(self.no_proxy)]
+            before = bridge(EGRESS_SOCKET)
         return [*args, "--chdir", str(self.workspace), "--", *watched(argv, lifeline, before)]
+
+
+def proxy_variables(no_proxy: str) -> list[str]:
+    """bwrap's arguments that point HTTP(S)_PROXY at the bridge, and NO_PROXY at `no_proxy`."""
+    args = []
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+        args += ["--setenv", name, f"http://127.0.0.1:{BRIDGE_PORT}"]
+    for name in ("NO_PROXY", "no_proxy"):
+        args += ["--setenv", name, no_proxy]
+    return args
+
+
+def bridge(socket_path: str, lifeline: int | None = None) -> str:
+    """The shell command (and `&& `) that starts the bridge to the egress proxy's socket and
+    returns once it listens (`watched`'s `before`). With `lifeline`, the bridge holds it and
+    goes when it closes; without, it does not get it (its PID namespace ends it)."""
+    started = shlex.join([interpreter(), "-I", "-c", BRIDGE.read_text(), str(BRIDGE_PORT), socket_path,
+                          *([str(lifeline)] if lifeline is not None else [])])
+    return f"{started} </dev/null >/dev/null 2>&1 {'' if lifeline is not None else '{fd}<&- '}&& "
 
 
 def watched(argv: list[str], lifeline: int, before: str = "") -> list[str]:
@@ -159,6 +172,18 @@ def watched(argv: list[str], lifeline: int, before: str = "") -> list[str]:
 def in_pid_namespace(argv: list[str], lifeline: int) -> list[str]:
     """`argv` in a PID namespace of its own that ends with the lifeline (needs `bubblewrap()`)."""
     return [bubblewrap(), *PID_NAMESPACE, "--", *watched(argv, lifeline)]
+
+
+def in_network_namespace(argv: list[str], lifeline: int, egress: Path) -> list[str]:
+    """`argv` in a network namespace of its own whose one way out is the egress proxy at
+    `egress`, the file system as it is: for a CLI that confines its commands itself but would
+    give them the machine's loopback (Codex, whose sandbox does not nest in a PID namespace of
+    bubblewrap's: its own bubblewrap's children go to that namespace's init and it waits
+    for good). No NO_PROXY, so that its calls to the endpoints the engine named on the
+    loopback (its API, labrun's MCP server) go through the proxy too. With no PID namespace
+    to end it, the bridge goes when the lifeline closes; the CLI has its parent-death signal."""
+    return [bubblewrap(), "--dev-bind", "/", "/", "--unshare-net", "--die-with-parent", *proxy_variables(""), "--",
+            "bash", "-c", f'{bridge(str(egress), lifeline)}exec "$@" {lifeline}<&-', "labrun-netns", *argv]
 
 
 _HAND_OVER = ("import json, os, sys; fd = int(sys.argv[1]); env = {**os.environ, **json.load(os.fdopen(fd))}; "

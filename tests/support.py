@@ -28,6 +28,14 @@ def needs_shared():
         "CI; or set LABRUN_SHARED to that folder)"))
 
 
+def listening_ports(shell_output: str) -> set[int]:
+    """The TCP ports a shell saw listening, from the researchers' setup step (its `LISTEN
+    <address>:<port in hex>` lines, read from /proc/net/tcp of the shell's network namespace)."""
+    import re
+
+    return {int(port, 16) for port in re.findall(r"LISTEN [0-9A-F]+:([0-9A-F]{4})", shell_output)}
+
+
 def require_bubblewrap() -> None:
     """Skip a sandbox test where bubblewrap cannot sandbox, saying why; in CI, fail instead:
     CI must run them (.ci/install-bubblewrap)."""

@@ -25,8 +25,9 @@ from agent_clis import INSTALL, PREFIX  # noqa: E402
 from auto_responder import IDEA  # noqa: E402
 from codex_responder import MODEL, CodexResearcher, phase_of, texts  # noqa: E402
 from fake_responses_api import FakeResponsesAPI  # noqa: E402
-from support import assert_billed_as_estimated, assert_complete, labrun, processes_with_env, wait_for  # noqa: E402
+from support import assert_billed_as_estimated, assert_complete, labrun, listening_ports, processes_with_env, wait_for  # noqa: E402
 
+from labrun.egress import BRIDGE_PORT  # noqa: E402
 from labrun.usage import Usage  # noqa: E402
 
 API_KEY = "sk-proj-test-key-for-the-fake-responses-api-0000"
@@ -129,6 +130,9 @@ def test_codex_six_phases_outlast_a_429_storm_and_cost_what_was_billed(setup_for
                                 if i.get("type") == "function_call_output"])
     assert "PATH=" in setup_outputs and API_KEY not in setup_outputs and "LABRUN_MCP_TOKEN" not in setup_outputs
     assert "CODEX_API_KEY" not in setup_outputs
+    # ...and from a network namespace of labrun's, none of the machine's listeners (its API's
+    # included): only the bridge to labrun's egress proxy
+    assert listening_ports(setup_outputs) == {BRIDGE_PORT}, setup_outputs
     assert not s.codexes()
 
 

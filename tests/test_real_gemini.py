@@ -25,8 +25,9 @@ from agent_clis import INSTALL, PREFIX  # noqa: E402
 from auto_responder import IDEA  # noqa: E402
 from fake_gemini_api import FakeGeminiAPI, resource_exhausted  # noqa: E402
 from gemini_responder import MODEL, GeminiResearcher, phase_of  # noqa: E402
-from support import assert_billed_as_estimated, assert_complete, labrun, processes_with_env, wait_for  # noqa: E402
+from support import assert_billed_as_estimated, assert_complete, labrun, listening_ports, processes_with_env, wait_for  # noqa: E402
 
+from labrun.egress import BRIDGE_PORT  # noqa: E402
 from labrun.usage import Usage  # noqa: E402
 
 API_KEY = "AIzaSy-test-key-for-the-fake-gemini-api-000"
@@ -160,6 +161,7 @@ def test_gemini_outlasts_a_429_storm_and_a_kill_9_and_costs_exactly_what_was_bil
     setup = shell_outputs(posts, "setup")
     assert "PATH=" in setup and API_KEY not in setup and "LABRUN_MCP_TOKEN" not in setup
     assert "GEMINI_API_KEY" not in setup
+    assert listening_ports(setup) == {BRIDGE_PORT}, setup  # none of the machine's listeners: the sandbox's bridge
     settings = (s.ws / ".labrun" / "gemini" / ".gemini" / "settings.json").read_text()
     assert "Bearer ${LABRUN_MCP_TOKEN}" in settings and API_KEY not in settings
 

@@ -176,7 +176,7 @@ class ClaudeCodeAgent(CliAgent):
     def confines(self) -> str:
         if can_sandbox():
             return ("(Bash) run in Claude Code's own sandbox: bubblewrap, no credentials, writes in the workspace, "
-                    "network through its own proxy and rules")
+                    "but the machine's network namespace (its loopback listeners are in reach)")
         return "(Bash) run with Claude Code's permission rules only: install bubblewrap and socat for its sandbox"
 
     def announce(self) -> str:

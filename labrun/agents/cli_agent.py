@@ -89,7 +89,7 @@ from labrun.journal import Conversation
 from labrun.mcp_tools import ToolCall, ToolServer, run_call
 from labrun.model import FatalModelError, TransientModelError, UsageWindowSpent
 from labrun.prices import cost_usd
-from labrun.sandbox import Lifeline, Sandbox, Secrets, bubblewrap, in_pid_namespace
+from labrun.sandbox import Lifeline, Sandbox, Secrets, bubblewrap, in_network_namespace, in_pid_namespace
 from labrun.secrets import declared, is_secret_name, redact
 from labrun.tools import ToolBox, ToolResult
 from labrun.turns import RETRY_POLICY, PhaseStopped, back_off
@@ -237,6 +237,9 @@ class CliAgent:
     announced = False
     confines = "run as the CLI confines them"
     """What confines the commands the CLI runs itself, in a few words (said once, at the start)."""
+    own_network = False
+    """The CLI confines its commands itself, but not their network: labrun runs it in a network
+    namespace of its own whose one way out is the session's egress proxy (`egress`)."""
     in_sandbox = False
     """The CLI runs inside the session's sandbox (`argv` wraps it with `plan.sandbox` and
     `plan.lifeline`, given when bubblewrap works here)."""
@@ -252,13 +255,20 @@ class CliAgent:
         """The session's sandbox; for a CLI that runs inside it, with the network, which the
         CLI needs (its API, labrun's tools) whatever the session says."""
         sandbox = session.sandbox()
-        if self.in_sandbox and not sandbox.network:
+        if (self.in_sandbox or self.own_network) and not sandbox.network:
             if not self.warned_network:
                 log.warning("%s runs inside the sandbox and needs the network (its API, labrun's tools), so its "
                             "shell commands keep it despite --no-network", self.name)
                 self.warned_network = True
             sandbox = session.sandbox(network=True)
         return sandbox
+
+    def egress(self, plan: RunPlan) -> Path | None:
+        """For a CLI of `own_network`: the egress proxy's socket, when bubblewrap can give it
+        the namespaces (else it runs on the machine's network, as it would alone)."""
+        if self.own_network and plan.sandbox is not None and bubblewrap() is not None:
+            return plan.sandbox.egress
+        return None
 
     def argv(self, plan: RunPlan) -> list[str]:
         raise NotImplementedError
@@ -385,13 +395,14 @@ class CliAgent:
         env = self.environment(plan)
         namespace = self.needs_namespace(env) and pid_namespaces()
         sandboxed = self.in_sandbox and plan.sandbox is not None and bubblewrap() is not None
-        lifeline = Lifeline() if namespace or sandboxed else None
+        egress = self.egress(plan)
+        lifeline = Lifeline() if namespace or sandboxed or egress else None
         secrets = Secrets({k: env.pop(k) for k in list(env) if k in declared or is_secret_name(k)}) if sandboxed else None
         argv = self.argv(replace(plan, lifeline=lifeline.fd, secrets=secrets) if sandboxed else plan)
         try:
             with open(stderr_path, "wb") as stderr:
                 proc = spawn(argv, cwd=toolbox.root, env=env, stderr=stderr, namespace=namespace, lifeline=lifeline,
-                             keep=(secrets.fd,) if secrets else ())
+                             keep=(secrets.fd,) if secrets else (), egress=egress)
         finally:
             if secrets:
                 secrets.close()
@@ -791,14 +802,19 @@ def _die_with_engine() -> None:
 
 
 def spawn(argv: list[str], cwd: Path, env: dict[str, str], stderr, namespace: bool = False,
-          lifeline: Lifeline | None = None, keep: tuple[int, ...] = ()) -> subprocess.Popen:
+          lifeline: Lifeline | None = None, keep: tuple[int, ...] = (), egress: Path | None = None
+          ) -> subprocess.Popen:
     """Start a CLI run tied to the engine: with a parent-death signal, and when asked for
     (`pid_namespaces()`) in a PID namespace that ends with the lifeline (`labrun.sandbox.watched`).
     It stays in the engine's process group, so a kill of that group reaches it too.
-    `argv` may be a sandbox on the same lifeline; `keep`, descriptors it gets besides."""
+    `argv` may be a sandbox on the same lifeline; `keep`, descriptors it gets besides; with
+    `egress`, in a network namespace whose one way out is that proxy (`in_network_namespace`)."""
     if namespace:
         assert lifeline is not None, "a PID namespace needs its lifeline"
         argv = in_pid_namespace(argv, lifeline.fd)
+    elif egress is not None:
+        assert lifeline is not None, "the network namespace's bridge needs its lifeline"
+        argv = in_network_namespace(argv, lifeline.fd, egress)
     _prctl()  # resolved here, not in the forked child
     if lifeline:
         return lifeline.popen(argv, keep, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -37,9 +37,13 @@ docs/agent-clis.md has what the real Codex 0.169 was seen to do.
   stored key). `CODEX_HOME` is the user's (`~/.codex` unless set): a copy of its login
   would rotate its refresh token away, so labrun uses it in place, for the login and the
   sessions, and leaves its config out (`--ignore-user-config`).
-- **Processes.** Codex's sandbox runs each command in a PID namespace of its own that dies
-  with Codex, and it cannot run inside labrun's, so runs need none: the parent-death
-  signal ends Codex with the engine, and its sandboxes with it.
+- **Processes and the network.** Codex's sandbox runs each command in a PID namespace of its
+  own that dies with Codex; with the network on, its commands share Codex's network
+  namespace. So labrun runs Codex in a network namespace of its own
+  (`in_network_namespace`, with the session's egress proxy; its sandbox cannot nest in a PID
+  namespace of labrun's, and needs none): its commands reach the internet through the proxy (HTTP(S)_PROXY set for them by
+  `shell_environment_policy.set`), Codex reaches its API and labrun's MCP server as
+  endpoints the engine names, and none of them the machine's loopback.
 
 Settings from the environment: `LABRUN_CODEX` (the executable, default `codex`),
 `OPENAI_BASE_URL` (passed to Codex as `openai_base_url`, which it reads instead of the
@@ -63,11 +67,14 @@ from labrun import prompts
 from labrun.agents.names import AgentUnavailable
 from labrun.agents.cli_agent import (CliAgent, Finished, Outcome, Retrying, RunPlan, Started, ToolUsed, Verdict,
                                      passed_env, version)
+from labrun.egress import BRIDGE_PORT, allow_endpoints
 from labrun.usage import Usage
 from labrun.windows import clock
 
 TOOLS_NOTE = "codex.md.j2"
 RESUME_NOTE = "codex_resume.md.j2"
+DEFAULT_API = "https://api.openai.com/v1"
+"""Where `codex exec` sends an API key's requests, unless OPENAI_BASE_URL names another."""
 DEFAULT_MODEL = "gpt-5.5"  # priced in labrun's table; Codex's own default (gpt-6.1-sol) has no published price
 RECONNECTING = re.compile(r"^Reconnecting\.\.\. (\d+)/(\d+)(?: \((.*)\))?", re.S)
 STATUS = re.compile(r"last status: (\d{3})|unexpected status (\d{3})")
@@ -126,6 +133,10 @@ class CodexAgent(CliAgent):
             })
         if base_url := os.environ.get("OPENAI_BASE_URL"):
             config["openai_base_url"] = base_url
+        if (egress := self.egress(plan)) is not None:  # its commands' way out: the bridge, like its own
+            allow_endpoints(egress, [base_url or DEFAULT_API, *([plan.server.url] if plan.server else [])])
+            for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+                config[f"shell_environment_policy.set.{name}"] = f"http://127.0.0.1:{BRIDGE_PORT}"
         if not plan.session_id:  # fixed when the thread starts; a resume gets it in its prompt
             config["developer_instructions"] = plan.system_file.read_text()
         for key, value in config.items():
@@ -158,8 +169,9 @@ class CodexAgent(CliAgent):
     def write_mcp_config(self, server, phase_dir: Path) -> None:
         return None  # on the command line, the token in the environment
 
-    confines = ("run in Codex's own workspace-write sandbox: writes only in the workspace, no keys, "
-                "the network on and unfiltered (the machine's loopback too)")
+    own_network = True
+    confines = ("run in Codex's own workspace-write sandbox (writes only in the workspace, no keys), inside "
+                "labrun's network namespace: egress through labrun's proxy, none of the machine's loopback")
 
     def announce(self) -> str:
         said = version(self.executable) or "Codex (version unknown)"
