@@ -342,8 +342,10 @@ def test_the_egress_proxy_ends_with_its_engine_however_it_ends(tmp_path):
                               stdout=subprocess.PIPE, text=True)
     pid, sock = engine.stdout.readline().split()
     proxy = psutil.Process(int(pid))
-    family = [proxy, *proxy.children(recursive=True)]  # proxy.py's acceptor too
-    assert len(family) >= 2 and Path(sock).exists()
+    # proxy.py forks its acceptor just after it binds the socket
+    wait_for(lambda: proxy.children(recursive=True), timeout=10, what="the proxy's acceptor")
+    family = [proxy, *proxy.children(recursive=True)]
+    assert Path(sock).exists()
     engine.kill()
     engine.wait()
 
