@@ -8,7 +8,7 @@ proxy's Unix socket bound in, a bridge inside listens on the sandbox's own loopb
 HTTPS, curl and the Hugging Face hub work as usual.
 
 The proxy is proxy.py (abhinavsingh/proxy.py: HTTP forwarding and CONNECT tunnels, no TLS
-interception) with one plugin, `EgressFilter`. It resolves the name a client asked for,
+interception) with one plugin (`labrun.egress_proxy`, the proxy's own process). It resolves the name a client asked for,
 refuses every address that is not out on the internet (loopback, link-local with the cloud
 metadata address, private, carrier-grade NAT, multicast, unspecified, and the machine's own
 addresses, IPv4 inside IPv6 included) and connects to the address it checked, so a name
@@ -31,7 +31,6 @@ import ipaddress
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -54,6 +53,9 @@ IDLE_TIMEOUT_S = 3600
 would cut a model's stream while it thinks and a download while a server prepares it."""
 BRIDGE_PORT = 3128
 """Where the bridge listens on the sandbox's own loopback."""
+PROXY_URL = f"http://127.0.0.1:{BRIDGE_PORT}"
+PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
+"""What points a command's HTTP clients at `PROXY_URL`."""
 
 
 class Refused(Exception):
@@ -141,50 +143,18 @@ def allow_endpoints(proxy_socket: Path, urls: Iterable[str]) -> None:
 
 
 @lru_cache(maxsize=1)
-def _policy() -> tuple[list[str] | None, frozenset]:
+def policy() -> tuple[list[str] | None, frozenset]:
+    """In the proxy's process: the session's domains (None: any) and this machine's addresses."""
     raw = os.environ.get(DOMAINS_VAR)
     return (None if raw is None else json.loads(raw)), frozenset(own_addresses())
 
 
-def _endpoints(folder: Path) -> list[str]:
+def named_endpoints(folder: Path) -> list[str]:
+    """In the proxy's process: the endpoints the engine named last (`allow_endpoints`)."""
     try:
         return json.loads((folder / ENDPOINTS_FILE).read_text())
     except FileNotFoundError:
         return []
-
-
-try:  # proxy.py is imported only in the proxy's own process
-    from proxy.http.exception import HttpRequestRejected
-    from proxy.http.proxy import HttpProxyBasePlugin
-except ImportError:  # pragma: no cover - the engine imports this module without proxy.py's plugin base
-    HttpProxyBasePlugin = object
-
-
-class EgressFilter(HttpProxyBasePlugin):
-    """proxy.py's hook: check the address before connecting, then connect to that address."""
-
-    def before_upstream_connection(self, request):
-        domains, own = _policy()
-        host, port = request.host.decode().strip("[]"), request.port
-        try:
-            self.checked = checked_address(host, port, domains, own,
-                                           _endpoints(Path(self.flags.unix_socket_path).parent))
-        except Refused as e:
-            raise HttpRequestRejected(status_code=403, reason=b"Forbidden",
-                                      body=f"labrun sandbox: {e}\n".encode()) from None
-        return request
-
-    def resolve_dns(self, host: str, port: int):
-        return getattr(self, "checked", None), None
-
-    def handle_client_request(self, request):
-        return request
-
-    def handle_upstream_chunk(self, chunk):
-        return chunk
-
-    def on_upstream_connection_close(self) -> None:
-        pass
 
 
 class EgressProxy:
@@ -205,11 +175,11 @@ class EgressProxy:
         if self.domains is not None:
             env[DOMAINS_VAR] = json.dumps(self.domains)
         with open(self.log, "ab") as log:
-            # Its stdin is the lifeline: a pipe only this process holds open (`main`).
+            # Its stdin is the lifeline: a pipe only this process holds open (`egress_proxy.main`).
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", __name__, "--unix-socket-path", str(self.socket),
+                [sys.executable, "-m", "labrun.egress_proxy", "--unix-socket-path", str(self.socket),
                  "--num-acceptors", "1", "--timeout", str(IDLE_TIMEOUT_S), "--log-level", "WARNING",
-                 "--plugins", f"{__name__}.EgressFilter"],
+                 "--plugins", "labrun.egress_proxy.EgressFilter"],
                 env=env, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 30
         while not self.socket.exists():
@@ -225,27 +195,3 @@ class EgressProxy:
             self.proc.stdin.close()  # the proxy kills its process group
             self.proc.wait()
         shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def main() -> None:
-    """The proxy's process: proxy.py's own main, until its stdin closes (the engine ended or
-    stopped it, however it ended)."""
-    import threading
-
-    from proxy import main as proxy_main
-
-    folder = Path(sys.argv[sys.argv.index("--unix-socket-path") + 1]).parent
-
-    def exit_on_eof() -> None:
-        # os.read, not sys.stdin: a fork (proxy.py's acceptors) must not find its lock held.
-        while os.read(0, 4096):
-            pass
-        shutil.rmtree(folder, ignore_errors=True)  # also after a kill -9 of the engine
-        os.killpg(0, signal.SIGKILL)  # with proxy.py's acceptor processes
-
-    threading.Thread(target=exit_on_eof, daemon=True).start()
-    proxy_main()
-
-
-if __name__ == "__main__":
-    main()

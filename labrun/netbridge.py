@@ -1,8 +1,8 @@
 """Inside the sandbox: the bridge from its own loopback to the egress proxy's Unix socket.
 
 `python -I -c "$(cat netbridge.py)" PORT SOCKET [LIFELINE]` listens on 127.0.0.1:PORT in the
-sandbox's network namespace, then goes to the background and returns, so that the command it precedes finds
-it listening. Each connection is carried, byte for byte, to a new connection to SOCKET (the
+sandbox's network namespace, then goes to the background and returns, so that the command
+it precedes finds it listening; with LIFELINE (a descriptor), it ends when that pipe closes. Each connection is carried, byte for byte, to a new connection to SOCKET (the
 proxy on the engine's side, `labrun.egress`). The standard library only: it runs on the
 interpreter labrun runs on, with nothing imported from labrun. Claude Code's sandbox
 runtime uses socat for the same job; labrun does not depend on socat being installed.

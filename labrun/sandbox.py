@@ -1,7 +1,8 @@
 """The sandbox of agent commands: bubblewrap (`bwrap`, the Linux sandbox of Flatpak and of
 Claude Code's own sandboxing), when it is installed and works here. The one module that
-builds bubblewrap's command lines: the sandbox, and the bare PID namespace a coding CLI with
-a sandbox of its own runs in.
+builds bubblewrap's command lines: the sandbox, and for a coding CLI with a sandbox of its
+own, the bare PID namespace (`in_pid_namespace`) or network namespace (`in_network_namespace`)
+it runs in.
 
 A command inside the sandbox sees:
 - a PID namespace of its own, so the engine's /proc (and its environment, API keys
@@ -45,7 +46,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from labrun.egress import BRIDGE_PORT
+from labrun.egress import BRIDGE_PORT, PROXY_URL, PROXY_VARIABLES
 
 log = logging.getLogger("labrun")
 
@@ -145,8 +146,8 @@ class Sandbox:
 def proxy_variables(no_proxy: str) -> list[str]:
     """bwrap's arguments that point HTTP(S)_PROXY at the bridge, and NO_PROXY at `no_proxy`."""
     args = []
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
-        args += ["--setenv", name, f"http://127.0.0.1:{BRIDGE_PORT}"]
+    for name in PROXY_VARIABLES:
+        args += ["--setenv", name, PROXY_URL]
     for name in ("NO_PROXY", "no_proxy"):
         args += ["--setenv", name, no_proxy]
     return args

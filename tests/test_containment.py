@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import queue
+import shlex
 import shutil
 import socket
 import subprocess
@@ -199,8 +200,8 @@ def test_a_hostile_command_reaches_nothing_of_the_engines_side(tmp_path, prefect
             (s.ws.root / "payload.py").write_text(PAYLOAD)
             inside = {**targets, "inside": True}
             box = toolbox(s, BY_KEY["experiments"])
-            by_bash = box.call("bash", {"command": f"python3 payload.py {quote(inside)}"}).content
-            attempt = box.call("run_experiment", {"command": f"python3 payload.py {quote(inside)}",
+            by_bash = box.call("bash", {"command": f"python3 payload.py {shlex.quote(json.dumps(inside))}"}).content
+            attempt = box.call("run_experiment", {"command": f"python3 payload.py {shlex.quote(json.dumps(inside))}",
                                                   "purpose": "try every way out"}).content
             for said in (by_bash, attempt):
                 got = result(said)
@@ -211,10 +212,6 @@ def test_a_hostile_command_reaches_nothing_of_the_engines_side(tmp_path, prefect
     finally:
         s.close()
         escaped.unlink(missing_ok=True)
-
-
-def quote(targets: dict) -> str:
-    return "'" + json.dumps(targets).replace("'", "'\\''") + "'"
 
 
 def result(said: str) -> dict:

@@ -67,7 +67,7 @@ from labrun import prompts
 from labrun.agents.names import AgentUnavailable
 from labrun.agents.cli_agent import (CliAgent, Finished, Outcome, Retrying, RunPlan, Started, ToolUsed, Verdict,
                                      passed_env, version)
-from labrun.egress import BRIDGE_PORT, allow_endpoints
+from labrun.egress import PROXY_URL, PROXY_VARIABLES, allow_endpoints
 from labrun.usage import Usage
 from labrun.windows import clock
 
@@ -135,8 +135,8 @@ class CodexAgent(CliAgent):
             config["openai_base_url"] = base_url
         if (egress := self.egress(plan)) is not None:  # its commands' way out: the bridge, like its own
             allow_endpoints(egress, [base_url or DEFAULT_API, *([plan.server.url] if plan.server else [])])
-            for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
-                config[f"shell_environment_policy.set.{name}"] = f"http://127.0.0.1:{BRIDGE_PORT}"
+            for name in PROXY_VARIABLES:
+                config[f"shell_environment_policy.set.{name}"] = PROXY_URL
         if not plan.session_id:  # fixed when the thread starts; a resume gets it in its prompt
             config["developer_instructions"] = plan.system_file.read_text()
         for key, value in config.items():
