@@ -36,6 +36,12 @@ def listening_ports(shell_output: str) -> set[int]:
     return {int(port, 16) for port in re.findall(r"LISTEN [0-9A-F]+:([0-9A-F]{4})", shell_output)}
 
 
+def machine_listening_ports() -> set[int]:
+    """The TCP ports listening in this (the tests') network namespace: the machine's."""
+    lines = [line.split() for name in ("tcp", "tcp6") for line in open(f"/proc/net/{name}").read().splitlines()[1:]]
+    return {int(f[1].rsplit(":", 1)[1], 16) for f in lines if f[3] == "0A"}
+
+
 def require_bubblewrap() -> None:
     """Skip a sandbox test where bubblewrap cannot sandbox, saying why; in CI, fail instead:
     CI must run them (.ci/install-bubblewrap)."""

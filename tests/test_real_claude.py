@@ -17,6 +17,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -24,9 +25,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from agent_clis import INSTALL, claude_executable  # noqa: E402
 from claude_responder import ClaudeResearcher, phase_of, system_text  # noqa: E402
 from fake_messages_api import FakeMessagesAPI  # noqa: E402
-from support import assert_complete, labrun, processes_with_env, wait_for  # noqa: E402
+from support import assert_complete, labrun, listening_ports, machine_listening_ports, processes_with_env, wait_for  # noqa: E402
 
 from auto_responder import IDEA  # noqa: E402
+from labrun.egress import BRIDGE_PORT  # noqa: E402
 from labrun.prices import cost_usd  # noqa: E402
 from labrun.usage import Usage  # noqa: E402
 
@@ -193,6 +195,11 @@ def test_six_phases_outlast_a_429_and_a_529_storm_and_cost_what_was_billed(setup
     bash_output = json.dumps([r["body"]["messages"] for r in requests if phase_of(r["body"]) == "setup"])
     assert "PATH=" in bash_output and API_KEY not in bash_output and "ANTHROPIC_API_KEY" not in bash_output
     assert "SERVICE_ACCESS" not in bash_output
+    # ...and from a network namespace of labrun's, none of the machine's listeners (the fake
+    # API's included): the bridge to labrun's egress proxy, and Claude Code's own sandbox proxy
+    seen = listening_ports(bash_output)
+    assert BRIDGE_PORT in seen and urlsplit(s.api.url).port not in seen, bash_output
+    assert not (seen - {BRIDGE_PORT}) & machine_listening_ports(), bash_output
     assert not [p for p in s.ws.rglob("*") if p.is_file() and key in p.read_text(errors="replace")]
     assert not s.claudes()
 

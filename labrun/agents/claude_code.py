@@ -30,8 +30,11 @@ process lifetime, the journal, the MCP tool server). This module holds what is C
   nothing else. `CLAUDE_CODE_SUBPROCESS_ENV_SCRUB=1` keeps its credentials out of the
   commands its Bash runs; Claude Code then runs them in its sandbox, which needs bubblewrap
   and socat (without them it refuses every command, so labrun sets it only when both are
-  there; `CLAUDE_CODE_SUBPROCESS_ENV_SCRUB=0` turns it off, and the sandbox's network rules
-  with it). A subscription login (`CLAUDE_CODE_OAUTH_TOKEN` or `claude
+  there; `CLAUDE_CODE_SUBPROCESS_ENV_SCRUB=0` turns it off). Its sandbox leaves the commands
+  the network namespace `claude` runs in, so with it on labrun runs `claude` in a network
+  namespace of its own, as Codex (`in_network_namespace`): its Bash reaches the internet
+  through the session's egress proxy, `claude` its API and labrun's MCP server as endpoints
+  the engine names, and none of them the machine's loopback. A subscription login (`CLAUDE_CODE_OAUTH_TOKEN` or `claude
   /login`) is used when there is one: an exported `ANTHROPIC_API_KEY` would take precedence
   in Claude Code and bill the key, so it is not passed on unless `LABRUN_CLAUDE_AUTH=api-key`.
 - **The tools.** `ENABLE_TOOL_SEARCH=false` (unless set): Claude Code otherwise lists MCP
@@ -78,6 +81,8 @@ from labrun.usage import Usage
 from labrun.windows import clock
 
 TOOLS_NOTE = "claude_code.md.j2"
+DEFAULT_API = "https://api.anthropic.com"
+"""Where Claude Code sends its requests, unless ANTHROPIC_BASE_URL names another."""
 WANTED_TOOLS = ("Bash", "Read", "Edit", "Write", "Glob", "Grep", "NotebookEdit")
 NO_CONVERSATION = "no conversation found with session id"
 LOGGED_OUT = re.compile(r"/login|invalid api key|not logged in|oauth token|authentication", re.I)
@@ -86,6 +91,8 @@ RESET_EPOCH = re.compile(r"\|(\d{9,11})\b")
 RESET_CLOCK = re.compile(r"resets (?:at )?(\d{1,2})(?::(\d{2}))?\s*([ap]m)?(?:\s*\(([^)]+)\))?", re.I)
 OVERLOADED = re.compile(r"overloaded|\b529\b|\b5\d\d\b.*server", re.I)
 TRANSIENT_TYPES = {"overloaded_error", "rate_limit_error", "api_error", "timeout_error"}
+SCRUB = "CLAUDE_CODE_SUBPROCESS_ENV_SCRUB"
+ON = ("1", "true", "yes", "on")
 SUBSCRIPTION_KEY = "ANTHROPIC_API_KEY"  # takes precedence over a subscription in Claude Code
 # Set by a Claude Code that runs labrun itself: they would mark our claude as its child.
 PARENT_MARKS = ("CLAUDE_CODE_ENTRYPOINT", "CLAUDE_CODE_SESSION_ID", "CLAUDE_CODE_CHILD_SESSION",
@@ -159,7 +166,7 @@ class ClaudeCodeAgent(CliAgent):
                                 "MCP_TOOL_TIMEOUT", "USE_BUILTIN_RIPGREP", "NODE_OPTIONS"),
                          prefixes=prefixes, drop=set(dropped) | set(PARENT_MARKS))
         if can_sandbox():
-            env.setdefault("CLAUDE_CODE_SUBPROCESS_ENV_SCRUB", "1")  # no credentials in its Bash
+            env.setdefault(SCRUB, "1")  # no credentials in its Bash
         env.setdefault("ENABLE_TOOL_SEARCH", "false")  # the MCP tools offered at once, no ToolSearch turn
         env.setdefault("MCP_TOOL_TIMEOUT", str(int((plan.timeout_s + 300) * 1000)))
         if self.permissions == "skip" and hasattr(os, "geteuid") and os.geteuid() == 0:
@@ -170,13 +177,22 @@ class ClaudeCodeAgent(CliAgent):
         """Claude Code's sandbox (on with the scrub) runs each Bash command in a PID namespace
         of its own that ends with the command and with claude, and it cannot make one inside
         labrun's; without it, labrun's namespace ends what its commands leave running."""
-        return env.get("CLAUDE_CODE_SUBPROCESS_ENV_SCRUB", "").lower() not in ("1", "true", "yes", "on")
+        return env.get(SCRUB, "").lower() not in ON
+
+    def api_url(self) -> str:
+        return os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_API
+
+    @property
+    def own_network(self) -> bool:
+        """With its sandbox on, claude runs in a network namespace of labrun's, as Codex does:
+        its sandbox leaves its Bash commands the network namespace it runs in."""
+        return sandbox_on()
 
     @property
     def confines(self) -> str:
-        if can_sandbox():
-            return ("(Bash) run in Claude Code's own sandbox: bubblewrap, no credentials, writes in the workspace, "
-                    "but the machine's network namespace (its loopback listeners are in reach)")
+        if sandbox_on():
+            return ("(Bash) run in Claude Code's own sandbox (bubblewrap, no credentials, writes in the workspace), "
+                    "inside labrun's network namespace: egress through labrun's proxy, none of the machine's loopback")
         return "(Bash) run with Claude Code's permission rules only: install bubblewrap and socat for its sandbox"
 
     def announce(self) -> str:
@@ -328,6 +344,12 @@ def choose_login(mode: str) -> tuple[str, list[str]]:
         said += ("; ANTHROPIC_API_KEY is set but not passed on, as Claude Code would bill it instead "
                  "(LABRUN_CLAUDE_AUTH=api-key uses it)")
     return said, dropped
+
+
+def sandbox_on() -> bool:
+    """Whether Claude Code runs its Bash in its sandbox: it can, and the user did not turn the
+    scrub, which turns it on, off."""
+    return can_sandbox() and os.environ.get(SCRUB, "1").lower() in ON
 
 
 def can_sandbox() -> bool:

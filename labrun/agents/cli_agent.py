@@ -89,6 +89,7 @@ from labrun.journal import Conversation
 from labrun.mcp_tools import ToolCall, ToolServer, run_call
 from labrun.model import FatalModelError, TransientModelError, UsageWindowSpent
 from labrun.prices import cost_usd
+from labrun.egress import allow_endpoints
 from labrun.sandbox import Lifeline, Sandbox, Secrets, bubblewrap, in_network_namespace, in_pid_namespace
 from labrun.secrets import declared, is_secret_name, redact
 from labrun.tools import ToolBox, ToolResult
@@ -270,6 +271,11 @@ class CliAgent:
             return plan.sandbox.egress
         return None
 
+    def api_url(self) -> str:
+        """Where the CLI sends its model requests: with labrun's MCP server, the endpoints the
+        egress proxy lets a CLI in a network namespace of labrun's reach, loopback or not."""
+        raise NotImplementedError
+
     def argv(self, plan: RunPlan) -> list[str]:
         raise NotImplementedError
 
@@ -398,6 +404,8 @@ class CliAgent:
         egress = self.egress(plan)
         lifeline = Lifeline() if namespace or sandboxed or egress else None
         secrets = Secrets({k: env.pop(k) for k in list(env) if k in declared or is_secret_name(k)}) if sandboxed else None
+        if (sandboxed or egress) and plan.sandbox.egress is not None:
+            allow_endpoints(plan.sandbox.egress, [self.api_url(), *([plan.server.url] if plan.server else [])])
         argv = self.argv(replace(plan, lifeline=lifeline.fd, secrets=secrets) if sandboxed else plan)
         try:
             with open(stderr_path, "wb") as stderr:

@@ -67,7 +67,7 @@ from labrun import prompts
 from labrun.agents.names import AgentUnavailable
 from labrun.agents.cli_agent import (CliAgent, Finished, Outcome, Retrying, RunPlan, Started, ToolUsed, Verdict,
                                      passed_env, version)
-from labrun.egress import PROXY_URL, PROXY_VARIABLES, allow_endpoints
+from labrun.egress import PROXY_URL, PROXY_VARIABLES
 from labrun.usage import Usage
 from labrun.windows import clock
 
@@ -133,8 +133,7 @@ class CodexAgent(CliAgent):
             })
         if base_url := os.environ.get("OPENAI_BASE_URL"):
             config["openai_base_url"] = base_url
-        if (egress := self.egress(plan)) is not None:  # its commands' way out: the bridge, like its own
-            allow_endpoints(egress, [base_url or DEFAULT_API, *([plan.server.url] if plan.server else [])])
+        if self.egress(plan) is not None:  # its commands' way out: the bridge, like its own
             for name in PROXY_VARIABLES:
                 config[f"shell_environment_policy.set.{name}"] = PROXY_URL
         if not plan.session_id:  # fixed when the thread starts; a resume gets it in its prompt
@@ -142,6 +141,9 @@ class CodexAgent(CliAgent):
         for key, value in config.items():
             argv += ["-c", f"{key}={json.dumps(value)}"]
         return argv + ["-m", self.model, "-"]
+
+    def api_url(self) -> str:
+        return os.environ.get("OPENAI_BASE_URL") or DEFAULT_API
 
     def prompt(self, plan: RunPlan, text: str) -> str:
         if not plan.renewed:

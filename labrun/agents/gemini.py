@@ -60,7 +60,6 @@ from labrun.agents.names import AgentUnavailable
 from labrun.agents.cli_agent import (CliAgent, Finished, Outcome, RunPlan, Started, ToolUsed, Verdict, passed_env,
                                      version)
 from labrun.agents.codex import shorten
-from labrun.egress import allow_endpoints
 from labrun.sandbox import bubblewrap
 from labrun.usage import Usage
 from labrun.windows import clock
@@ -131,13 +130,13 @@ class GeminiAgent(CliAgent):
         cli = [*launcher, *cli]
         if plan.secrets is not None:
             cli = plan.secrets.handed_to(cli)
-        if plan.sandbox.egress is not None:  # its API and labrun's MCP server, through the proxy
-            allow_endpoints(plan.sandbox.egress, [os.environ.get("GOOGLE_GEMINI_BASE_URL") or DEFAULT_API,
-                                                  *([plan.server.url] if plan.server else [])])
         # no_proxy: none, so that its calls to those endpoints on the loopback go through the proxy too
         node_copy = (Path(launcher[0]).parent,) if len(launcher) > 1 else ()  # shown wherever it lies
         return replace(plan.sandbox, readonly=(*plan.sandbox.readonly, *node_copy),
                        writable=(*plan.sandbox.writable, home), no_proxy="").wrap(cli, plan.lifeline)
+
+    def api_url(self) -> str:
+        return os.environ.get("GOOGLE_GEMINI_BASE_URL") or DEFAULT_API
 
     def write_settings(self, plan: RunPlan, home: Path) -> None:
         """Its settings and labrun's phase prompt in its home, before every run (the MCP
@@ -182,7 +181,7 @@ class GeminiAgent(CliAgent):
         return None  # in its settings, written before each run
 
     confines = ("run, with the CLI itself, in labrun's sandbox: writes in the workspace, egress through "
-                "labrun's proxy, but they can read the CLI's own environment")
+                "labrun's proxy, none of the CLI's environment (its key, labrun's token)")
 
     def announce(self) -> str:
         said = version(self.executable) or "version unknown"
