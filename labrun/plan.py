@@ -13,6 +13,7 @@ The idea's evaluation criteria are numbered C1, C2, … in the order the idea li
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterable, Literal, Sequence
@@ -21,6 +22,16 @@ from pydantic import BaseModel, Field
 
 CRITERION_PREFIX = "C"
 MAX_ID_CHARS = 40
+NUMBER_WORDS = {"two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10}
+SEEDS_ASKED = re.compile(r"\b(\d+|" + "|".join(NUMBER_WORDS) + r")\s+(?:(?:random|different|independent)\s+)*"
+                         r"(?:seeds|runs with different (?:random )?seeds)", re.I)
+
+
+def seeds_asked(idea_text: str) -> int:
+    """How many seeds an idea asks a run to repeat over ("3 seeds", "three runs with
+    different random seeds"); 0 when it names no number (at most ten is read as one)."""
+    asked = [int(n) if n.isdigit() else NUMBER_WORDS[n.lower()] for n in SEEDS_ASKED.findall(idea_text)]
+    return max([0, *[n for n in asked if n <= 10]])
 
 
 # -- what complete_phase takes (part of the tool schema: a contract) -----------------------

@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterable
 
-from labrun.agents import CLI_AGENTS
+from labrun.agents.names import CLI_AGENTS, DEFAULT_AGENT
 from labrun.commands import kill_group
 from labrun.idea import Idea, load_idea
 from labrun.state import DEFAULT_TIME_LIMIT_S, Attempt, PhaseRecord, SessionState, StateStore, session_clock
@@ -123,7 +123,7 @@ class Session:
                     idea_path=str(Path(idea_path).resolve()),
                     idea_hash=idea.content_hash,
                     domain=idea.domain,
-                    agent=agent or "scripted",
+                    agent=agent or DEFAULT_AGENT,
                     model=model,
                     budget_usd=budget_usd if budget_usd is not None else idea.agent_budget_usd,
                     budget_from=budget_source(budget_usd, idea),
@@ -277,9 +277,11 @@ class Session:
             return None
 
     def attempt_wrote(self, n: int, files_after: dict[str, str]) -> None:
-        """Record what attempt n changed in the workspace, for the retry rule."""
+        """Record what attempt n changed in the workspace, for the retry rule and as evidence
+        (`labrun.evidence`)."""
         files = self.attempt_files(n) or {"before": {}}
         files["wrote"] = sorted(changed(files["before"], files_after))
+        files["after"] = {k: files_after[k] for k in files["wrote"] if k in files_after}  # what it wrote, as evidence
         write_json(self.attempt_files_path(n), files)
 
     # -- phases ----------------------------------------------------------------------------
@@ -290,9 +292,11 @@ class Session:
         parts = parts or {}
         background = self.idea.background
         refs = tuple(r.repo for r in background.code_references or ()) if background else ()
-        return Work(self.ws.root, sections, self.state.live_attempts(), phase_key,
+        attempts = self.state.live_attempts()
+        return Work(self.ws.root, sections, attempts, phase_key,
                     log=self.ws.phase_dir(phase_key), plan=self.state.plan.merged(parts, phase_key),
-                    given=parts, code_references=refs)
+                    given=parts, code_references=refs,
+                    files={a.n: self.attempt_files(a.n) or {} for a in attempts})
 
     def give_sections(self, phase_key: str, sections: dict[str, str],
                       parts: dict[str, Any] | None = None) -> None:

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from labrun import paper
 from labrun.phases.rules import (CitesFetchedSource, Compiled, CriteriaJudged, Files, LatexPaper,
-                                 NamesCodeReferences, PlannedOutputs, PlannedRunsDone, Rule, RunList,
-                                 SaysWhatFailed, Sections, SuccessfulAttempt, TraceableNumbers, Work)
+                                 NamesCodeReferences, Outline, PlannedOutputs, PlannedRunsDone, Rule, RunList,
+                                 SaysWhatFailed, Sections, SuccessfulAttempt, TracedNumbers, Work)
 from labrun.resources import TEMPLATES
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Phase", "register", "phase_list", "BY_KEY", "PHASES", "DEFAULT", "SECTION_TITLES",
            "Files", "Sections", "SuccessfulAttempt", "CitesFetchedSource", "LatexPaper",
-           "TraceableNumbers", "Compiled", "RunList", "PlannedRunsDone", "CriteriaJudged",
+           "TracedNumbers", "Outline", "Compiled", "RunList", "PlannedRunsDone", "CriteriaJudged",
            "PlannedOutputs", "SaysWhatFailed", "NamesCodeReferences", "Rule", "Work"]
 
 
@@ -61,6 +61,11 @@ class Phase:
     def sections(self) -> tuple[str, ...]:
         """The STATE.md sections this phase gives through `complete_phase`."""
         return tuple(k for r in self.done_when if isinstance(r, Sections) for k in r.titles)
+
+    @property
+    def outline(self) -> tuple[str, ...]:
+        """The headings its `Outline` rule asks of its main file (none for most phases)."""
+        return next((r.headings for r in self.done_when if isinstance(r, Outline)), ())
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -110,10 +115,16 @@ def phase_list(chosen: Iterable[str] = ()) -> tuple[str, ...]:
     return tuple(k for k in _PIPELINE if k in BY_KEY and (BY_KEY[k].default or k in chosen))
 
 
+PLANNING_OUTLINE = ("Motivation and related work", "Hypotheses and variables", "Alternative explanations",
+                    "Design: data, baselines, method, ablations", "Metrics and statistical test",
+                    "Sample size and power", "Run list", "Budget and cuts", "Risks and fallbacks",
+                    "Changes to the idea's method")
+"""The sections of `planning.md`, in order (its prompt lists them from here)."""
+
 for _phase in (
     Phase("planning", "Planning", "motivation, research question, plan",
-          (Files("planning.md"), Sections(research_specification="Research Specification"),
-           RunList()),
+          (Files("planning.md"), Outline("planning.md", PLANNING_OUTLINE),
+           Sections(research_specification="Research Specification"), RunList()),
           max_turns=30, hands_on=("planning.md",), web=True),
     Phase("setup", "Setup", "isolated environment, data loaded and checked",
           (Sections(files_and_resources="Files and Resources", workflow="Workflow"),
@@ -126,7 +137,7 @@ for _phase in (
     Phase("analysis", "Analysis", "statistics, comparisons, figures",
           (PlannedOutputs(), Sections(learnings="Learnings"))),
     Phase("documentation", "Documentation", "final write-up",
-          (Files("REPORT.md", "README.md"), SaysWhatFailed("REPORT.md")), max_turns=30,
+          (Files("REPORT.md", "README.md"), SaysWhatFailed("REPORT.md"), TracedNumbers("REPORT.md")), max_turns=30,
           hands_on=("REPORT.md",)),
 ):
     register(_phase)
@@ -142,7 +153,7 @@ register(Phase(
     "paper", "Paper", "a LaTeX paper of the study",
     (Files(paper.MAIN, f"{paper.FOLDER}/references.bib"),
      LatexPaper(paper.MAIN, f"{paper.FOLDER}/references.bib"),
-     TraceableNumbers(paper.FOLDER),
+     TracedNumbers(paper.FOLDER),
      Compiled(paper.MAIN, "paper"),
      Sections(paper="Paper")),
     max_turns=50, hands_on=(paper.MAIN,), default=False, setup=paper.setup,

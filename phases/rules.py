@@ -7,6 +7,7 @@ itself in words for the prompts. A phase needing something new declares a new pa
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -14,7 +15,11 @@ from pathlib import Path
 from typing import Any, ClassVar, Mapping, Protocol, Sequence
 
 from labrun import latex, toollog
-from labrun.plan import Plan, coverage, normal_path, output_exists
+from labrun.evidence import Evidence, markdown_numbers
+from labrun.plan import Plan, coverage, normal_path, output_exists, seeds_asked
+
+IDEA_COPY = ".labrun/idea.yaml"
+"""The session's copy of its idea, in the workspace."""
 
 HONEST_EFFORT = 3
 """Attempts of the experiments phase that did not succeed before it may close as a negative
@@ -40,9 +45,20 @@ class Work:
     """The structured parts of this `complete_phase` call (run_list, deviations, …)."""
     code_references: tuple[str, ...] = ()
     """The repositories the idea's `background.code_references` name."""
+    files: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
+    """Attempt n → the files it found and wrote (`Session.attempt_files`)."""
 
     def own_attempts(self) -> list[Any]:
         return [a for a in self.attempts if a.phase == self.phase]
+
+    def idea_text(self) -> str:
+        path = self.root / IDEA_COPY
+        return path.read_text(errors="replace") if path.is_file() else ""
+
+    @property
+    def evidence(self) -> Evidence:
+        runs = "\n".join(f"{r.purpose}\n{r.conditions}\n{r.seeds}" for r in self.plan.runs)
+        return Evidence(self.root, self.attempts, self.files, (self.idea_text(), runs))
 
 
 class Rule(Protocol):
@@ -73,6 +89,36 @@ class Files:
 
 
 @dataclass(frozen=True)
+class Outline:
+    """A Markdown file holds each heading of its outline, each with something under it."""
+
+    path: str
+    headings: tuple[str, ...]
+    fields: ClassVar[tuple[str, ...]] = ()
+    MIN_WORDS: ClassVar[int] = 5
+
+    def missing(self, work: Work) -> list[str]:
+        file = work.root / self.path
+        if not file.is_file():
+            return []  # `Files` says so
+        parts = re.split(r"^#{1,6}[ \t]+(.*)$", file.read_text(errors="replace"), flags=re.M)
+        found = {_heading_key(h): len(re.findall(r"\w+", body)) for h, body in zip(parts[1::2], parts[2::2])}
+        lacking = [h for h in self.headings if found.get(_heading_key(h), 0) < self.MIN_WORDS]
+        if not lacking:
+            return []
+        return [f"{self.path}: the section{'s' * (len(lacking) > 1)} {'; '.join(lacking)}, each a heading "
+                "with its content under it"]
+
+    def describe(self) -> str:
+        return f"`{self.path}` has a section under each heading of its outline"
+
+
+def _heading_key(heading: str) -> str:
+    """A heading as the outline rule compares it: its words, without numbering or case."""
+    return " ".join(re.findall(r"[a-z]+", heading.lower().split(":")[0]))
+
+
+@dataclass(frozen=True)
 class Sections:
     """STATE.md sections that `complete_phase` must give, key → title."""
 
@@ -85,8 +131,17 @@ class Sections:
     def __hash__(self) -> int:
         return hash(tuple(self.titles.items()))
 
+    MIN_WORDS: ClassVar[int] = 3
+
     def missing(self, work: Work) -> list[str]:
-        return [f"section {k}" for k in self.titles if not (work.sections.get(k) or "").strip()]
+        found = []
+        for k in self.titles:
+            words = len(re.findall(r"\w+", work.sections.get(k) or ""))
+            if not words:
+                found.append(f"section {k}")
+            elif words < self.MIN_WORDS:
+                found.append(f"section {k} with what it must say ({words} word{'s' * (words != 1)} given)")
+        return found
 
     def describe(self) -> str:
         return " and ".join(f"the section `{k}` is given" for k in self.titles)
@@ -180,37 +235,46 @@ class LatexPaper:
 
 
 @dataclass(frozen=True)
-class TraceableNumbers:
-    """Every decimal number the paper's text states is in a results file (at the precision
-    it is written), or in the idea itself (the claim under test)."""
+class TracedNumbers:
+    """Every decimal number the write-up states is evidence (`labrun.evidence`: a metric a
+    SUCCESS attempt computed, a file it wrote as it wrote it) or what the idea and the run
+    list state. `paths`: Markdown files, or folders of a LaTeX paper's `.tex` files."""
 
-    folder: str
-    results: str = "results"
+    paths: tuple[str, ...]
     fields: ClassVar[tuple[str, ...]] = ()
-    IDEA: ClassVar[str] = ".labrun/idea.yaml"
+
+    def __init__(self, *paths: str):
+        object.__setattr__(self, "paths", paths)
+
+    def stated(self, work: Work) -> list[tuple[Path, Any]]:
+        found = []
+        for p in self.paths:
+            full = work.root / p
+            if full.is_dir():
+                found += [(f, n) for f in sorted(full.rglob("*.tex"))
+                          for n in latex.stated_numbers(latex.body(latex.text(f)))]
+            elif full.is_file():
+                found += [(full, n) for n in markdown_numbers(full.read_text(errors="replace"))]
+        return found
 
     def missing(self, work: Work) -> list[str]:
-        papers = sorted((work.root / self.folder).rglob("*.tex"))
-        if not papers:
+        stated = self.stated(work)
+        if not stated:
             return []
-        sources = [p for p in (work.root / self.results).rglob("*") if p.is_file()]
-        for a in work.attempts:  # what experiments wrote elsewhere (the paper's own builds aside)
-            if a.status == "SUCCESS":
-                sources += [work.root / f for f in [*a.outputs, a.metrics_file]
-                            if f and not f.startswith(f"{self.folder}/")]
-        known = latex.Numbers.in_files([*sources, work.root / self.IDEA])
-        untraced = [(p, n) for p in papers for n in latex.stated_numbers(latex.body(latex.text(p)))
-                    if not known.traces(n)]
-        if not untraced:
+        known = work.evidence.numbers(outside=self.paths)
+        bad = [(f, n) for f, n in stated if not known.traces(n)]
+        if not bad:
             return []
-        shown = "; ".join(f"{p.relative_to(work.root)}:{n.line}: {n.written}" for p, n in untraced[:6])
-        more = f" (and {len(untraced) - 6} more)" if len(untraced) > 6 else ""
-        return [f"numbers in no results file under {self.results}/: {shown}{more}; take each from "
-                "its results file, or add the file that holds it"]
+        shown = "; ".join(f"{f.relative_to(work.root)}:{n.line}: {n.written}" for f, n in bad[:6])
+        more = f" (and {len(bad) - 6} more)" if len(bad) > 6 else ""
+        return [f"numbers that no experiment measured: {shown}{more}; state only what a SUCCESS attempt's "
+                "metrics or output files hold, or what the idea and the run list state (a number "
+                "computed since needs its own run_experiment attempt)"]
 
     def describe(self) -> str:
-        return (f"every decimal number in the paper's text is in a results file under "
-                f"`{self.results}/` (at the precision it is written) or in the idea")
+        where = " and ".join(f"`{p}`" for p in self.paths)
+        return (f"every decimal number in {where} is a metric or in an output file of a successful "
+                "`run_experiment` attempt (as the attempt wrote it), or stated by the idea or the run list")
 
 
 @dataclass(frozen=True)
@@ -288,6 +352,11 @@ class RunList:
             if c.status != "unmet" and not any(c.id in r.criteria for r in plan.runs):
                 found.append(f"criterion {c.id} (\"{_clip(c.text)}\") served by a run of the run_list, "
                              "or given in criteria as unmet with the reason")
+        asked = seeds_asked(work.idea_text())
+        if asked and plan.runs and max(len(set(r.seeds)) for r in plan.runs) < asked:
+            most = max(len(set(r.seeds)) for r in plan.runs)
+            found.append(f"run_list: the idea asks for {asked} seeds and no run names that many (the most is "
+                         f"{most}); list in seeds every seed a run repeats over")
         if not plan.outputs:
             found.append("analysis_outputs (the figures and the summary file the analysis must produce)")
         found += [f"analysis_outputs: {p} must be a path inside the workspace" for p in plan.outputs
@@ -315,25 +384,54 @@ class PlannedRunsDone:
         found = [f"deviations: {d.id} is not a run of the run list ({', '.join(ids) or 'it is empty'})"
                  for d in _given(work, "deviations") if d.id not in ids]
         if plan.negative_outcome:
-            tried = [a for a in work.own_attempts() if a.status in ("FAILED", "INTERRUPTED")]
-            if len(tried) < self.honest_effort:
-                found.append(f"an honest effort before a negative outcome: at least {self.honest_effort} "
-                             f"failed attempts in this phase, each with its fix ({len(tried)} so far)")
-            return found
+            return found + self.honest_effort_missing(work)
         if not plan.runs:
             if not any(a.status == "SUCCESS" for a in work.attempts):
                 found.append("a run_experiment attempt with status SUCCESS")
             return found
-        for run in coverage(plan, work.attempts):
+        runs = coverage(plan, work.attempts)
+        for run in runs:
             if run.state == "open":
                 found.append(f"run {run.run.id} (\"{_clip(run.run.purpose)}\"): a SUCCESS attempt with "
                              f"run_id {run.run.id}, or a deviation with the reason")
+        if runs[0].state == "deviated":
+            found.append(f"run {runs[0].run.id}, the primary run (the first of the run list), cannot be set aside: "
+                         "a SUCCESS attempt of it, or a negative_outcome after an honest effort")
+        elif not any(r.state == "done" for r in runs):
+            found.append("a SUCCESS attempt of a planned run: with every run set aside nothing was measured "
+                         "(or a negative_outcome after an honest effort)")
         return found
+
+    def honest_effort_missing(self, work: Work) -> list[str]:
+        """A negative outcome stands on failed attempts that tried different things: each
+        with its fix, and between them different errors or changed sources."""
+        tried = [a for a in work.own_attempts() if a.status in ("FAILED", "INTERRUPTED")]
+        if len(tried) < self.honest_effort:
+            return [f"an honest effort before a negative outcome: at least {self.honest_effort} failed attempts "
+                    f"in this phase, each with its fix ({len(tried)} so far)"]
+        unfixed = [a.n for a in tried[1:] if len(re.findall(r"\w+", a.fix_applied or "")) < Sections.MIN_WORDS]
+        errors = {(a.error or "").strip() for a in tried}
+        sources = {json.dumps(_sources(work.files.get(a.n) or {}), sort_keys=True) for a in tried}
+        problems = []
+        if unfixed:
+            problems.append(f"what was changed before attempt{'s' * (len(unfixed) > 1)} "
+                            f"{', '.join(f'#{n}' for n in unfixed)}, in a few words of fix_applied")
+        if len(errors) < 2 and len(sources) < 2:
+            problems.append("failed attempts that tried different things: they all met the same error on the "
+                            "same sources")
+        return [f"an honest effort before a negative outcome: {p}" for p in problems]
 
     def describe(self) -> str:
         return ("every run of the run list has a `run_experiment` attempt with its `run_id` that "
-                "succeeded, or a deviation with the reason (or, after at least "
-                f"{self.honest_effort} failed attempts, the phase closes with a `negative_outcome`)")
+                "succeeded, or a deviation with the reason, the first (primary) run always succeeding "
+                f"(or, after at least {self.honest_effort} failed attempts that tried different "
+                "fixes, the phase closes with a `negative_outcome`)")
+
+
+def _sources(record: Mapping[str, Any]) -> dict[str, str]:
+    """The workspace as an attempt found it, without what it wrote itself."""
+    wrote = set(record.get("wrote") or ())
+    return {k: v for k, v in (record.get("before") or {}).items() if k not in wrote}
 
 
 @dataclass(frozen=True)
@@ -350,13 +448,30 @@ class CriteriaJudged:
             serving = [r.id for r in plan.runs if c.id in r.criteria]
             if c.status is None:
                 found.append(f"a verdict on criterion {c.id} (\"{_clip(c.text)}\") in criteria: met or unmet, with a note")
-            elif c.status == "met" and not done & set(serving):
+            elif c.status == "met" and plan.runs and not done & set(serving):
                 found.append(f"criteria: {c.id} is met only when a run that serves it "
                              f"({', '.join(serving) or 'none does'}) has a SUCCESS attempt; otherwise it is unmet")
+            elif c.status == "met" and c.phase == work.phase and not self.cites_evidence(work, c, serving):
+                found.append(f"criteria: {c.id} is met only when its note cites a SUCCESS attempt (#n) of a run "
+                             f"that serves it ({', '.join(serving) or 'any run'}) and, by name, a metric that "
+                             "attempt computed; otherwise it is unmet")
         return found
 
+    @staticmethod
+    def cites_evidence(work: Work, criterion: Any, serving: list[str]) -> bool:
+        """The note names an attempt `#n` that serves the criterion and succeeded, and one of
+        the metrics it computed (`Evidence.measured`: not one its command wrote itself)."""
+        note = criterion.note or ""
+        cited = {int(n) for n in re.findall(r"#(\d+)\b", note)}
+        for a in work.attempts:
+            if a.n in cited and (not work.plan.runs or a.run_id in serving):
+                if any(re.search(rf"(?<!\w){re.escape(k)}(?!\w)", note) for k in work.evidence.measured(a)):
+                    return True
+        return False
+
     def describe(self) -> str:
-        return "every evaluation criterion of the idea is judged met or unmet in `criteria`, with a note"
+        return ("every evaluation criterion of the idea is judged met or unmet in `criteria`, with a note; "
+                "a met one cites a successful attempt (#n) of a run that serves it and a metric it computed")
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,38 @@ if __name__ == "__main__":
 '''
 
 COMMAND = "python3 src/experiment.py"
+PLAN = """\
+## 1. Motivation and related work
+Averaging is the standard way to reduce noise; theory says the RMSE of a mean falls as 1/sqrt(k).
+
+## 2. Hypotheses and variables
+The log-log slope of RMSE against k is -0.5 within 0.05; k varies, the RMSE is measured.
+
+## 3. Alternative explanations
+Correlated draws or a bug would bend the slope; a fixed seed makes a rerun comparable.
+
+## 4. Design: data, baselines, method, ablations
+Monte Carlo with sigma 0.5, k = 1..64, 400 trials per k, seed 0; the baseline is sigma/sqrt(k).
+
+## 5. Metrics and statistical test
+The least-squares slope of log RMSE on log k, and the largest relative gap to theory.
+
+## 6. Sample size and power
+400 trials per k keep the sampling error of each RMSE near a few percent.
+
+## 7. Run list
+R1: RMSE per k and the fitted slope, seed 0, no criteria of the idea to serve.
+
+## 8. Budget and cuts
+Seconds of CPU and no money; nothing needs to be cut.
+
+## 9. Risks and fallbacks
+A bug in the simulation would show in the attempt's error and be fixed before the next.
+
+## 10. Changes to the idea's method
+None: the simulation follows the idea's approach as written.
+"""
+"""planning.md's sections, as the planning prompt's outline asks."""
 SOURCE = "https://example.org/papers/averaging-noise.pdf"
 SOURCE_TITLE = "Averaging noisy measurements"
 SOURCE_TEXT = "The RMSE of the mean of k independent draws with standard deviation sigma is sigma/sqrt(k)."
@@ -223,10 +255,7 @@ class AutoResearcher:
 
     def planning(self, body, turn):
         if turn == 1:
-            plan = (f"# Plan: {_title(body)}\n\n## Question\nDoes the RMSE of the mean of k noisy "
-                    "measurements fall as 1/sqrt(k)?\n\n## Method\nMonte Carlo: sigma 0.5, k = 1..64, "
-                    "400 trials per k, seed 0; fit the log-log slope.\n\n## Success criterion\n"
-                    "slope -0.5 within 0.05; every RMSE within 10% of sigma/sqrt(k).\n")
+            plan = f"# Plan: {_title(body)}\n\n{PLAN}"
             return "I will write the plan first.", [
                 _call("str_replace_based_edit_tool", command="create", path="planning.md", file_text=plan)]
         return "The plan is written; completing the phase.", [_call(

@@ -23,7 +23,7 @@ import re
 import threading
 from typing import Any
 
-from auto_responder import EXPERIMENT
+from auto_responder import EXPERIMENT, PLAN
 
 HEADING = re.compile(r"# Phase (\d) of 6: (\w+)")
 MCP = "mcp__labrun__"
@@ -75,8 +75,7 @@ class ClaudeResearcher:
                        + command)
         return {
             "planning": [
-                ("Write", {"file_path": "planning.md", "content": "# Plan\n\nMeasure the RMSE of the mean of k "
-                           "noisy measurements for k = 1..64 and fit the log-log slope; expect -0.5.\n"}),
+                ("Write", {"file_path": "planning.md", "content": "# Plan\n\n" + PLAN}),
                 done("Planned the study.", plan, research_specification="Does the RMSE of the mean of k noisy "
                      "measurements fall as 1/sqrt(k)? Fit the log-log slope; expect -0.5 within 0.05."),
             ],

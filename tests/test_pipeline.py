@@ -264,7 +264,7 @@ def test_labrun_queue_with_gives_the_deployment_run_its_phases_and_style(tmp_pat
         deployment_id = client.create_deployment(flow_id, "pipeline-params", entrypoint="flows/session.py:research_session")
     try:
         result = labrun("queue", str(DEMO_IDEA), "--with", "resources,paper", "--paper-style", "icml",
-                        "--pass-env", "SERVICE_ACCESS", "--workspaces", str(tmp_path / "workspaces"),
+                        "--pass-env", "SERVICE_ACCESS", "--workspaces", str(tmp_path / "workspaces"), "--agent", "scripted",
                         "--deployment", "research-session/pipeline-params", env={"SERVICE_ACCESS": "on-the-worker-only"})
         assert result.returncode == 0, result.stderr
         with get_client(sync_client=True) as client:

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from auto_responder import PLAN
 from support import DEMO_IDEA, labrun
 from labrun.phases import BY_KEY
 from labrun.phases.phase import toolbox
@@ -22,7 +23,9 @@ THREE_RUNS = [
     {"id": "R3", "purpose": "a rerun from the same seed", "conditions": "as R1", "seeds": [0],
      "criteria": ["C3"]},
 ]
-OK_SCRIPT = "import json, os, sys\nos.makedirs('out', exist_ok=True)\njson.dump({'x': 1}, open(f'out/{sys.argv[1]}.json', 'w'))\n"
+OK_SCRIPT = ("import json, os, sys\nos.makedirs('out', exist_ok=True)\n"
+             "json.dump({'score': sum(range(10)) / 7}, open(f'out/{sys.argv[1]}.json', 'w'))\n")
+SPEC = "Does averaging cut the RMSE as 1/sqrt(k)? Fit the log-log slope."
 
 
 @pytest.fixture
@@ -37,9 +40,9 @@ def call(session, phase: str, tool: str, **inp):
 
 
 def plan(session, runs=THREE_RUNS, outputs=("results/summary.json", "figures/slopes.png"), **more):
-    (session.ws.root / "planning.md").write_text("# plan\n")
+    (session.ws.root / "planning.md").write_text("# plan\n\n" + PLAN)
     return call(session, "planning", "complete_phase", summary="planned",
-                sections={"research_specification": "Q?"}, run_list=list(runs),
+                sections={"research_specification": SPEC}, run_list=list(runs),
                 analysis_outputs=list(outputs), **more)
 
 
@@ -47,7 +50,8 @@ def attempt(session, run_id: str | None, ok: bool = True, fix: str | None = None
     script = session.ws.root / "run.py"
     script.write_text(OK_SCRIPT if ok else f"raise SystemExit('cannot reach the service ({run_id}, {fix})')\n")
     return call(session, "experiments", "run_experiment", command=f"python3 run.py {run_id}",
-                purpose=f"run {run_id}", run_id=run_id, fix_applied=fix)
+                purpose=f"run {run_id}", run_id=run_id, fix_applied=fix,
+                metrics_file=f"out/{run_id}.json" if ok else None)
 
 
 def test_planning_needs_a_run_list_that_serves_every_criterion(session):
@@ -74,7 +78,7 @@ def test_planning_needs_a_run_list_that_serves_every_criterion(session):
     assert [(c.id, c.status, c.phase) for c in kept.criteria] == [
         ("C1", None, None), ("C2", None, None), ("C3", "unmet", "planning")]
     spec = parse_state_md((session.ws.root / "STATE.md").read_text())["Research Specification"]
-    assert spec.startswith("Q?\n\n## Run List")
+    assert spec.startswith(SPEC + "\n\n## Run List")
     assert "| R2 | the same with uniform noise | uniform noise | 0, 1 | C1 | not done yet |" in spec
     assert "- C3: Results reproducible from the fixed seed — **unmet** (planning): no time for a rerun" in spec
 
@@ -106,8 +110,8 @@ def test_an_attempt_names_a_planned_run_or_none(session, prefect_api):
 def test_experiments_complete_only_when_every_planned_run_is_accounted_for(session, prefect_api):
     plan(session)
     attempt(session, "R1")
-    finish = dict(summary="done", sections={"experiment_results": "table"}, criteria=[
-        {"id": "C1", "status": "met", "note": "R1, R2"}, {"id": "C2", "status": "met", "note": "R1"},
+    finish = dict(summary="done", sections={"experiment_results": "the table of scores"}, criteria=[
+        {"id": "C1", "status": "met", "note": "R1 (#1): score 6.43"}, {"id": "C2", "status": "met", "note": "#1, score"},
         {"id": "C3", "status": "unmet", "note": "R3 was cut"}])
 
     one = call(session, "experiments", "complete_phase", **finish)
@@ -150,7 +154,7 @@ def test_a_negative_outcome_needs_an_honest_effort_then_the_write_up_says_what_f
     early = call(session, "experiments", "complete_phase", **negative)
     assert early.is_error and "at least 3 failed attempts in this phase" in early.content and "(1 so far)" in early.content
     attempt(session, "R1", ok=False, fix="retry with backoff")
-    attempt(session, "R1", ok=False, fix="another endpoint")
+    attempt(session, "R1", ok=False, fix="try another endpoint")
     ok = call(session, "experiments", "complete_phase", **negative)
     assert not ok.is_error, ok.content
     assert session.state.plan.negative_outcome == "the service refused every call: no key for it here"
@@ -160,7 +164,7 @@ def test_a_negative_outcome_needs_an_honest_effort_then_the_write_up_says_what_f
     # The statistics phase: the planned outputs exist, or a deviation says why.
     (session.ws.root / "results").mkdir()
     (session.ws.root / "results/summary.json").write_text("{}")
-    learnings = {"learnings": "what failed"}
+    learnings = {"learnings": "what failed and why"}
     missing = call(session, "analysis", "complete_phase", summary="x", sections=learnings)
     assert missing.is_error and "file figures/slopes.png (planned in analysis_outputs)" in missing.content
     assert "results/summary.json" not in missing.content
@@ -184,7 +188,7 @@ def test_without_a_run_list_one_successful_attempt_still_completes_experiments(s
     """A session planned before run lists existed (its plan has no runs)."""
     attempt(session, None)
     criteria = [{"id": c, "status": "unmet", "note": "not planned"} for c in ("C1", "C2", "C3")]
-    ok = call(session, "experiments", "complete_phase", summary="x", sections={"experiment_results": "r"},
+    ok = call(session, "experiments", "complete_phase", summary="x", sections={"experiment_results": "one run, no plan"},
               criteria=criteria)
     assert not ok.is_error, ok.content
 
@@ -200,13 +204,13 @@ def test_setup_names_every_code_reference(tmp_path):
     s = Session.open(tmp_path / "ws", idea, "scripted")
     try:
         first = call(s, "setup", "complete_phase", summary="x", sections={
-            "files_and_resources": "- code/averaging: example/averaging at 1a2b3c", "workflow": "w"})
+            "files_and_resources": "- code/averaging: example/averaging at 1a2b3c", "workflow": "run src/run.py, then plot"})
         assert first.is_error
         assert "the idea's code reference https://github.com/example/plots in section files_and_resources" in first.content
         assert "averaging.git" not in first.content
         ok = call(s, "setup", "complete_phase", summary="x", sections={
             "files_and_resources": "- code/averaging: example/averaging at 1a2b3c\n"
-                                   "- github.com/example/plots: not cloned (the network is off)", "workflow": "w"})
+                                   "- github.com/example/plots: not cloned (the network is off)", "workflow": "run src/run.py, then plot"})
         assert not ok.is_error, ok.content
     finally:
         s.close()

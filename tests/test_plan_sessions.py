@@ -37,9 +37,9 @@ RUNS = [{"id": f"R{s + 1}", "purpose": f"RMSE per k and the fitted slope from se
 REFUSED = "The experiments phase is not complete yet"
 
 
-def finished(results: list[str]) -> set[str]:
-    """Runs with a SUCCESS attempt, from the tool results the model has read."""
-    return {m.group(2) for r in results if (m := re.match(r"Attempt (\d+): SUCCESS\nRun: (R\d)", r))}
+def finished(results: list[str]) -> dict[str, str]:
+    """Run → its SUCCESS attempt's number, from the tool results the model has read."""
+    return {m.group(2): m.group(1) for r in results if (m := re.match(r"Attempt (\d+): SUCCESS\nRun: (R\d)", r))}
 
 
 class ThreeRuns(AutoResearcher):
@@ -62,8 +62,8 @@ class ThreeRuns(AutoResearcher):
         done = finished(results)
         slopes = {m.group(1): float(m.group(2)) for r in results
                   if (m := re.search(r"^Run: (R\d).*\n(?:.*\n)*?Metrics: slope=(-?[\d.]+)", r, flags=re.M))}
-        if done == {"R1"} and not any(REFUSED in r for r in results):
-            return "R1 is in; that should do.", [self.finish(slopes)]
+        if set(done) == {"R1"} and not any(REFUSED in r for r in results):
+            return "R1 is in; that should do.", [self.finish(slopes, done)]
         todo = [r for r in RUNS if r["id"] not in done]
         if todo:
             run, seed = todo[0], todo[0]["seeds"][0]
@@ -71,15 +71,17 @@ class ThreeRuns(AutoResearcher):
                 "run_experiment", command=f"python3 src/experiment.py --seed {seed}", run_id=run["id"],
                 purpose=run["purpose"], outputs=[f"results/metrics_s{seed}.json"],
                 metrics_file=f"results/metrics_s{seed}.json")]
-        return "All three runs are in.", [self.finish(slopes)]
+        return "All three runs are in.", [self.finish(slopes, done)]
 
     @staticmethod
-    def finish(slopes: dict[str, float]):
+    def finish(slopes: dict[str, float], done: dict[str, str]):
         within = all(abs(s + 0.5) <= 0.05 for s in slopes.values())
+        cited = ", ".join(f"{run} #{n}" for run, n in sorted(done.items()))
         return _call("complete_phase", summary=f"Slopes {slopes}.", sections={
             "experiment_results": "\n".join(f"- {k}: slope {v}" for k, v in sorted(slopes.items()))},
-            criteria=[{"id": "C1", "status": "met" if within else "unmet", "note": f"slopes {slopes}"},
-                      {"id": "C2", "status": "met", "note": "each seed's run wrote its own files; R1 is seed 0"}])
+            criteria=[{"id": "C1", "status": "met" if within else "unmet", "note": f"{cited}: slope {slopes}"},
+                      {"id": "C2", "status": "met", "note": f"R1 #{done['R1']} from seed 0 wrote its own files "
+                                                           "and its slope"}])
 
     def analysis(self, body, turn):
         if turn == 1:

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from auto_responder import PLAN
 from support import DEMO_IDEA, running, wait_for
 from labrun import tools
 from labrun.session import Session
@@ -114,13 +115,13 @@ def test_complete_phase_says_what_is_missing(session, prefect_api):
     result = b.call("complete_phase", {"summary": "done"})
     assert result.is_error
     assert "file planning.md" in result.content and "section research_specification" in result.content
-    (session.ws.root / "planning.md").write_text("# plan\n")
-    ok = b.call("complete_phase", {"summary": "done", "sections": {"research_specification": "Q?"},
+    (session.ws.root / "planning.md").write_text("# plan\n\n" + PLAN)
+    ok = b.call("complete_phase", {"summary": "done", "sections": {"research_specification": "Does k cut RMSE?"},
                                    "run_list": [{"id": "R1", "purpose": "p", "conditions": "c",
                                                  "criteria": ["C1", "C2", "C3"]}],
                                    "analysis_outputs": ["results/summary.json"]})
     assert not ok.is_error and b.completed == "done"
-    assert session.state.sections["research_specification"] == "Q?"
+    assert session.state.sections["research_specification"] == "Does k cut RMSE?"
     exp = box(session, "experiments").call("complete_phase", {"summary": "x", "sections": {"experiment_results": "r"}})
     assert exp.is_error and "SUCCESS" in exp.content
 

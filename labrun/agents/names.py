@@ -4,6 +4,9 @@ and the error of a backend that cannot run here."""
 from __future__ import annotations
 
 AGENTS = ("anthropic", "claude-code", "codex", "gemini", "scripted")
+DEFAULT_AGENT = "anthropic"
+"""The agent of a new session that names none, whichever way it starts (`labrun run`,
+`labrun queue`, a deployment run without the parameter)."""
 CLI_AGENTS = ("claude-code", "codex", "gemini")
 """The coding-CLI backends (`labrun.agents.cli_agent`)."""
 WEB_TOOLS = {"anthropic": ("web_search", "web_fetch"), "claude-code": ("WebSearch", "WebFetch")}

@@ -142,7 +142,7 @@ def parser() -> argparse.ArgumentParser:
     queue = command("queue", "submit one session run per idea to the server", serving.cmd_queue)
     queue.add_argument("ideas", nargs="+", metavar="IDEA|DIR", help="idea files, or folders of them")
     queue.add_argument("--agent", choices=AGENTS, default=None,
-                       help="the agent of new sessions (default: scripted; a resumed session keeps its own)")
+                       help=f"the agent of new sessions (default: {DEFAULT_AGENT}; a resumed session keeps its own)")
     queue.add_argument("--model", default=None, help="the model of new sessions (default: the agent's own)")
     queue.add_argument("--workspaces", default="workspaces", metavar="ROOT",
                        help="one workspace per idea is made under ROOT")

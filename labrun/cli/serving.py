@@ -8,7 +8,7 @@ import signal
 import time
 from pathlib import Path
 
-from labrun.cli.common import CliError, console, err, phase_options
+from labrun.cli.common import DEFAULT_AGENT, CliError, console, err, phase_options
 from labrun.serving import DEFAULT_HOST, DEFAULT_PORT, POOL, QUEUE_DEPLOYMENT, SESSION_DEPLOYMENT, ServerError
 
 
@@ -142,8 +142,22 @@ def _queue_one(path: Path, root: Path, args) -> str:
         return "skipped"
     run = submit_session(path, workspace, args.agent, args.model, args.deployment,
                          with_phases=args.with_phases, paper_style=args.paper_style, pass_env=args.pass_env)
-    console.print(f"{path.name} → {workspace}\n  flow run {run.name} {run.id}\n  {flow_run_url(run.id)}")
+    console.print(f"{path.name} → {workspace} ({_agent_of(workspace, args.agent)})\n"
+                  f"  flow run {run.name} {run.id}\n  {flow_run_url(run.id)}")
     return "queued"
+
+
+def _agent_of(workspace: Path, asked: str | None) -> str:
+    """Which agent the queued run uses, in words: the one asked for, or the session's own."""
+    import json
+
+    try:
+        own = json.loads((workspace / ".labrun" / "state.json").read_text()).get("agent")
+    except (OSError, ValueError):
+        own = None
+    if asked:
+        return f"agent {asked}"
+    return f"agent {own}, the session's own" if own else f"agent {DEFAULT_AGENT}, the default"
 
 
 def _api_url_for_clients() -> str:

@@ -45,7 +45,7 @@ def submit_session(idea_path: Path, workspace: Path, agent: str | None = None,
     from prefect.deployments import run_deployment
 
     parameters: dict[str, Any] = {"idea_path": str(idea_path), "workspace": str(workspace)}
-    if agent is not None:  # otherwise a new session is scripted, a resumed one keeps its agent
+    if agent is not None:  # otherwise a new session gets DEFAULT_AGENT, a resumed one keeps its agent
         parameters["agent"] = agent
     if model is not None:
         parameters["model"] = model

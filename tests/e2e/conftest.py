@@ -158,7 +158,7 @@ def three_sessions(prefect_server, worker, tmp_path_factory) -> Sessions:
     started = time.monotonic()
     out = labrun("queue", str(ideas / "demo_noise_averaging.yaml"),
                  str(ideas / "ml_label_smoothing_calibration.yaml"),
-                 "--workspaces", str(sessions.root), env=prefect_server.env).stdout
+                 "--workspaces", str(sessions.root), "--agent", "scripted", env=prefect_server.env).stdout
     for block in re.split(r"\n(?=\S)", out.strip()):
         name, arrow, rest = block.partition(" → ")
         assert arrow, out
@@ -169,7 +169,7 @@ def three_sessions(prefect_server, worker, tmp_path_factory) -> Sessions:
 
     failing = ideas / sessions.failing
     ws = submit.workspace_for(failing, load_idea(failing).content_hash, sessions.root)
-    run = submit.submit_session(failing, ws, job_variables={"env": {
+    run = submit.submit_session(failing, ws, agent="scripted", job_variables={"env": {
         "LABRUN_SCRIPTED_FAULTS": "raise@experiments:3",
         "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30",
     }})

@@ -141,7 +141,7 @@ def test_an_installed_labrun_serves_and_queues(installed, tmp_path):
         example = next((installed.parents[1] / "lib").glob("python3*/site-packages/labrun/examples"))
         # No PREFECT_API_URL: `labrun queue` finds the server that `labrun server` started.
         queued = subprocess.run([str(installed), "queue", str(example / "demo_noise_averaging.yaml"),
-                                 "--workspaces", "ws"], cwd=elsewhere, env=env, capture_output=True,
+                                 "--workspaces", "ws", "--agent", "scripted"], cwd=elsewhere, env=env, capture_output=True,
                                 text=True, timeout=120)
         assert queued.returncode == 0, queued.stderr
         assert UUID_RE.search(queued.stdout)

@@ -227,7 +227,7 @@ def test_sessions_through_one_server_eight_at_once(load_server, tmp_path):
     marks = [log.stat().st_size if log.exists() else 0 for log in logs]
 
     started = time.monotonic()
-    out = labrun("queue", str(ideas), "--workspaces", str(root), env=load_server.env).stdout
+    out = labrun("queue", str(ideas), "--workspaces", str(root), "--agent", "scripted", env=load_server.env).stdout
     submitted_s = time.monotonic() - started
     runs: dict[str, str] = {}
     for block in re.split(r"\n(?=\S)", out.strip()):

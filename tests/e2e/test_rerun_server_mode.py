@@ -22,7 +22,7 @@ def test_a_deployment_run_with_from_phase_reruns_from_it(prefect_server, worker,
 
     idea = idea_copy(tmp_path / "ideas", "rerun.yaml", "Rerun test: analysis again from the UI")
     ws = srv.workspace_for(idea, load_idea(idea).content_hash, tmp_path / "workspaces")
-    first = str(srv.submit_session(idea, ws).id)
+    first = str(srv.submit_session(idea, ws, agent="scripted").id)
     assert wait_for([first], timeout_s=180)[first].state.type.value == "COMPLETED"
     before = status_json(ws, prefect_server.env)
 

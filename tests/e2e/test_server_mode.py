@@ -131,7 +131,7 @@ def test_experiment_queue_flow_submits_each_new_idea_once(prefect_server, worker
 
     def queue_once():
         run = run_deployment(serving.QUEUE_DEPLOYMENT, timeout=0, parameters={
-            "folder": str(ideas), "workspaces": str(root)})
+            "folder": str(ideas), "workspaces": str(root), "agent": "scripted"})
         return wait_for([run.id], timeout_s=120)[str(run.id)]
 
     first = queue_once()
@@ -165,7 +165,7 @@ def test_dead_worker_run_is_crashed_then_retried_and_one_workspace_one_writer(
     from labrun.idea import load_idea
 
     ws = submit.workspace_for(idea, load_idea(idea).content_hash, tmp_path / "workspaces")
-    run = submit.submit_session(idea, ws, job_variables={"env": {
+    run = submit.submit_session(idea, ws, agent="scripted", job_variables={"env": {
         "LABRUN_SCRIPTED_FAULTS": "hang@experiments:1", "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}})
     run_id = str(run.id)
     marker = ws / ".labrun" / "faults" / "experiments-1.reached"
@@ -178,7 +178,7 @@ def test_dead_worker_run_is_crashed_then_retried_and_one_workspace_one_writer(
     state_before = (ws / ".labrun" / "state.json").read_bytes()
 
     # A second run of the same workspace, while the first holds it: refused, nothing written.
-    busy = submit.submit_session(idea, ws)
+    busy = submit.submit_session(idea, ws, agent="scripted")
     busy_run = wait_for([busy.id], timeout_s=120)[str(busy.id)]
     assert busy_run.state.type.value == "FAILED"
     assert "another labrun process" in busy_run.state.message, busy_run.state.message
@@ -288,7 +288,7 @@ def test_labrun_server_command(tmp_path):
         children = processes.descendants(proc.pid)
         client_env = {**env, "PREFECT_API_URL": api_url}
         queued = labrun("queue", str(EXAMPLES / "demo_noise_averaging.yaml"), "--workspaces",
-                        str(tmp_path / "ws"), env=client_env).stdout
+                        str(tmp_path / "ws"), "--agent", "scripted", env=client_env).stdout
         from e2e_helpers import UUID_RE
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -348,7 +348,7 @@ def test_a_run_in_flight_when_labrun_server_stops_is_crashed_after_its_restart(t
     server = _labrun_server(tmp_path, port, env, "server-1.log")
     try:
         with temporary_settings({PREFECT_API_URL: api_url}):
-            run_id = submit.submit_session(idea, ws, job_variables={"env": {
+            run_id = submit.submit_session(idea, ws, agent="scripted", job_variables={"env": {
                 "LABRUN_SCRIPTED_FAULTS": "hang@experiments:3"}}).id
             deadline = time.monotonic() + 180
             while not (ws / ".labrun/faults/experiments-3.reached").exists():

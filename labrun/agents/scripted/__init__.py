@@ -5,6 +5,11 @@ to end: it writes a plan, writes code with a bug, runs an attempt that fails, fi
 runs one that succeeds, analyses the result and writes REPORT.md and README.md. Its numbers
 are real (they come from the tool results it reads); its prose is canned.
 
+That experiment is its own demo idea's (`examples/demo_noise_averaging.yaml`, known by its
+title). On any other idea it runs the same simulation to exercise the pipeline, and says so:
+its run list serves the idea's own criteria, its verdicts are all "unmet: not evaluated by
+the offline stand-in", and REPORT.md opens by saying that no research was done.
+
 Because it goes through the same turn loop, tools and journal as a real model, it is also
 the fault injector for tests: `LABRUN_SCRIPTED_FAULTS` names turns at which it raises,
 hangs, or hangs inside an experiment attempt, each once per workspace.
@@ -24,6 +29,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from labrun.crashpoints import crashpoint
 from labrun.model import ModelReply, ModelRequest, TransientModelError
+from labrun.plan import seeds_asked
 from labrun.usage import Usage
 
 HERE = Path(__file__).parent
@@ -49,6 +55,10 @@ for style in re.findall(r"\\\\bibliographystyle\\{(\\w+)\\}", main):
     print("BIBSTYLE " + style)
 print("TEX " + (shutil.which("latexmk") if shutil.which("latexmk") and shutil.which("pdflatex") else "NONE"))
 EOF"""
+
+
+DEMO_TITLE = "Averaging noisy measurements: does RMSE fall as 1/sqrt(k)?"
+NOT_EVALUATED = "not evaluated by the offline stand-in"
 
 
 class ScriptedFault(Exception):
@@ -189,23 +199,31 @@ def _attempts_of_r1(messages: list[dict]) -> str:
     return ", ".join(found)
 
 
-def _verdicts(metrics_line: str) -> list[dict]:
-    """The demo idea's three criteria judged from R1's metrics (`k=v, ...`)."""
-    m = dict(pair.split("=", 1) for pair in metrics_line.split(", ") if "=" in pair)
+def _verdicts(r: ModelRequest) -> list[dict]:
+    """The demo idea's three criteria judged from R1's last attempt and its metrics (`k=v,
+    ...`), each citing them; on another idea, every criterion unmet: none was tested."""
+    if not _is_demo(r.system):
+        return [{"id": c, "status": "unmet", "note": NOT_EVALUATED} for c in _criteria_ids(r.system)]
+    last = re.match(r"Attempt (\d+): SUCCESS", _last_result(r.messages))
+    m = dict(pair.split("=", 1) for pair in _attempt_metrics(r.messages).split(", ") if "=" in pair)
     try:
         slopes = [float(m["slope_gaussian"]), float(m["slope_uniform"])]
         gaps = [float(m["max_rel_gap_gaussian"]), float(m["max_rel_gap_uniform"])]
     except (KeyError, ValueError):
+        last = None
+    if last is None:
         return [{"id": c, "status": "unmet", "note": "R1 gave no metrics"} for c in ("C1", "C2", "C3")]
+    n = last.group(1)
     slope_ok = all(abs(s + 0.5) <= 0.05 for s in slopes)
     gap_ok = all(g <= 0.10 for g in gaps)
     return [
         {"id": "C1", "status": "met" if slope_ok else "unmet",
-         "note": f"R1: slopes {slopes[0]} (gaussian) and {slopes[1]} (uniform) against -0.5 ± 0.05"},
+         "note": f"R1, attempt #{n}: slope_gaussian {slopes[0]} and slope_uniform {slopes[1]} against -0.5 ± 0.05"},
         {"id": "C2", "status": "met" if gap_ok else "unmet",
-         "note": f"R1: largest gaps to sigma/sqrt(k) {gaps[0]:.1%} and {gaps[1]:.1%} against 10%"},
+         "note": f"R1, attempt #{n}: max_rel_gap_gaussian {gaps[0]} and max_rel_gap_uniform {gaps[1]} against 10%"},
         {"id": "C3", "status": "met",
-         "note": "R1 ran twice from seed 0 and `cmp` found the two tables identical"},
+         "note": f"R1, attempt #{n}: run twice from seed 0, it wrote the same table both times (`cmp` found "
+                 f"no difference, else the attempt would have failed), so slope_gaussian {slopes[0]} reproduces"},
     ]
 
 
@@ -220,15 +238,48 @@ def _code_references(system: str) -> list[str]:
     return re.findall(r"^- `([^`]+)`", listed, flags=re.M)
 
 
+def _is_demo(system: str) -> bool:
+    return _title(system) == DEMO_TITLE
+
+
+def _criteria_ids(system: str) -> list[str]:
+    """The idea's evaluation criteria, as the prompt numbers them (C1, C2, …)."""
+    return list(dict.fromkeys(re.findall(r"^- (C\d+): ", system, flags=re.M)))
+
+
+def _seeds(system: str) -> list[int]:
+    """Seed 0, or as many seeds as the idea asks for (`3 seeds`, `three runs with different seeds`)."""
+    return list(range(max(1, seeds_asked(system.partition("## The research idea")[2] or system))))
+
+
+def _run(system: str) -> dict:
+    """The one planned run: the demo's, or on another idea the same simulation, saying what it is."""
+    if _is_demo(system):
+        return RUN
+    return {**RUN, "purpose": "exercise labrun's pipeline offline with the stand-in's own averaging simulation; "
+            "it does not test this idea", "seeds": _seeds(system), "criteria": _criteria_ids(system)}
+
+
+def _attempt(system: str) -> dict:
+    """R1's run_experiment call: seed 0 twice (the reproduction check), and each further seed the plan names."""
+    planned = re.search(r"^- \*\*R1\*\* .*; seeds ([\d, ]+); serves", system, flags=re.M)
+    more = [s for s in dict.fromkeys(int(n) for n in re.findall(r"\d+", planned.group(1) if planned else "")) if s]
+    return {**ATTEMPT, "command": COMMAND + "".join(f" && python3 src/experiment.py --seed {s} --out results/seed-{s}"
+                                                   for s in more),
+            "outputs": [*ATTEMPT["outputs"], *(f"results/seed-{s}/metrics.json" for s in more)]}
+
+
 def _title(system: str) -> str:
     """The idea's title, from the prompt's `**Title:** ...` line (the markup in any form)."""
     found = re.search(r"^\s*(?:\*\*)?Title(?::\*\*|\*\*:|:)\s*(.+)$", system, flags=re.M | re.I)
     return found.group(1).strip() if found else "the idea"
 
 
+SPEC_ELSEWHERE = ("No research on this idea is planned: labrun's scripted agent, an offline stand-in, runs "
+                  "its own averaging simulation to exercise the pipeline and judges none of the idea's criteria.\n")
 RUN = {"id": "R1", "purpose": "RMSE per k and the log-log slope for both noises, run twice from "
-       "seed 0 to check that the table reproduces", "conditions": "mean of k draws, k = 1..256, "
-       "1000 trials per k, Gaussian and uniform noise of sigma 0.5", "seeds": [0],
+       "seed 0 to check that the table reproduces", "conditions": "mean of k draws around a true value of 1.0, "
+       "k = 1..256, 1000 trials per k, Gaussian and uniform noise of sigma 0.5; the slope passes within -0.5 ± 0.05", "seeds": [0],
        "criteria": ["C1", "C2", "C3"]}
 ANALYSIS_OUTPUTS = ("results/analysis.md", "results/rmse_vs_k.svg")
 COMMAND = ("python3 src/experiment.py --seed 0 && python3 src/experiment.py --seed 0 --out results/rerun"
@@ -250,12 +301,14 @@ Step = Callable[[ModelRequest], list[tuple[str, dict]]]
 SCRIPT: dict[str, list[Step]] = {
     "planning": [
         lambda r: [_call("str_replace_based_edit_tool", command="create", path="planning.md",
-                         file_text=_docs.get_template("planning.md.j2").render(title=_title(r.system)))],
+                         file_text=_docs.get_template("planning.md.j2").render(
+                             title=_title(r.system), demo=_is_demo(r.system), run=_run(r.system)))],
         lambda r: [_call("complete_phase", summary="Plan written to planning.md.", sections={
-            "research_specification": "Question: does the RMSE of a k-sample mean fall as 1/sqrt(k)?\n"
+            "research_specification": ("" if _is_demo(r.system) else SPEC_ELSEWHERE)
+            + "Question: does the RMSE of a k-sample mean fall as 1/sqrt(k)?\n"
             "Hypothesis: log-log slope -0.5 ± 0.05 for Gaussian and uniform noise.\n"
             "Method: Monte Carlo, k = 1..256, 1000 trials per k, fixed seed; see planning.md."},
-            run_list=[RUN], analysis_outputs=list(ANALYSIS_OUTPUTS))],
+            run_list=[_run(r.system)], analysis_outputs=list(ANALYSIS_OUTPUTS))],
     ],
     "setup": [
         lambda r: [_call("bash", command="python3 --version && mkdir -p src results && ls")],
@@ -278,13 +331,12 @@ SCRIPT: dict[str, list[Step]] = {
             "- Metrics: RMSE per k, fitted log-log slope, largest relative gap to theory"})],
     ],
     "experiments": [
-        lambda r: [_call("run_experiment", **ATTEMPT)],
+        lambda r: [_call("run_experiment", **_attempt(r.system))],
         lambda r: [_call("str_replace_based_edit_tool", command="str_replace", path="src/experiment.py",
                          old_str=BUG, new_str=FIX)],
-        lambda r: [_call("run_experiment", **ATTEMPT,
+        lambda r: [_call("run_experiment", **_attempt(r.system),
                          fix_applied="rmse_for divided by len(error), an undefined name; now len(errors)")],
-        lambda r: [_call("complete_phase", summary="Run R1 succeeded.",
-                         criteria=_verdicts(_attempt_metrics(r.messages)), sections={
+        lambda r: [_call("complete_phase", summary="Run R1 succeeded.", criteria=_verdicts(r), sections={
             "experiment_results": "| run | attempts | metrics |\n|---|---|---|\n"
             f"| R1 | {_attempts_of_r1(r.messages)} | {_attempt_metrics(r.messages)} |\n\n"
             "The second run from seed 0 wrote the same table byte for byte (`cmp` found no difference)."})],
@@ -311,7 +363,8 @@ SCRIPT: dict[str, list[Step]] = {
         lambda r: [_call("bash", command="python3 src/analyze.py")],
         lambda r: [_call("str_replace_based_edit_tool", command="create", path="REPORT.md",
                          file_text=_docs.get_template("report.md.j2").render(
-                             title=_title(r.system), metrics=_metrics(r.messages), attempts=_attempts(r.system),
+                             title=_title(r.system), demo=_is_demo(r.system),
+                             metrics=_metrics(r.messages), attempts=_attempts(r.system),
                              supported=all(_metrics(r.messages)["slopes_within_tolerance"].values()),
                              criteria=_judged(r.system))),
                    _call("str_replace_based_edit_tool", command="create", path="README.md",
