@@ -35,7 +35,7 @@ NOT_TEXT = re.compile(
 DEFINITION = re.compile(r"^.*\\(?:(?:re)?newcommand|providecommand|def|renewenvironment|newenvironment)\b.*$", re.M)
 OPTIONS = re.compile(r"(\\[a-zA-Z@]+\*?|\\\\)\s*\[[^\]]*\]")
 NUMBER = re.compile(
-    r"(?<![\w.\\])(?P<sign>[-\u2212]|\$-|--)?\s?(?P<digits>\d+\.\d+)(?![\d.])"
+    r"(?<![\w.\\])(?P<sign>[-\u2212]|\$-|--)?\s?(?P<digits>\d+\.\d+)(?!\d|\.\d)"
     r"(?:\s*\\times\s*10\^\{?(?P<exp>[-\u2212]?\d+)\}?|[eE](?P<eexp>[-+]?\d+))?"
     r"(?P<unit>\s?\\%|(?:pt|mm|cm|in|em|ex|bp)(?![a-zA-Z])|\s*\\(?:text|line|column)width|\s*\\textheight)?"
 )

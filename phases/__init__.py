@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from labrun import paper
-from labrun.phases.rules import (CitesFetchedSource, Compiled, CriteriaJudged, Files, LatexPaper,
+from labrun.phases.rules import (AccountsForPlan, CitesFetchedSource, Compiled, CriteriaJudged, Files, LatexPaper,
                                  NamesCodeReferences, Outline, PlannedOutputs, PlannedRunsDone, Rule, RunList,
                                  SaysWhatFailed, Sections, SuccessfulAttempt, TracedNumbers, Work)
 from labrun.resources import TEMPLATES
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Phase", "register", "phase_list", "BY_KEY", "PHASES", "DEFAULT", "SECTION_TITLES",
            "Files", "Sections", "SuccessfulAttempt", "CitesFetchedSource", "LatexPaper",
-           "TracedNumbers", "Outline", "Compiled", "RunList", "PlannedRunsDone", "CriteriaJudged",
+           "TracedNumbers", "Outline", "AccountsForPlan", "Compiled", "RunList", "PlannedRunsDone", "CriteriaJudged",
            "PlannedOutputs", "SaysWhatFailed", "NamesCodeReferences", "Rule", "Work"]
 
 
@@ -137,7 +137,8 @@ for _phase in (
     Phase("analysis", "Analysis", "statistics, comparisons, figures",
           (PlannedOutputs(), Sections(learnings="Learnings"))),
     Phase("documentation", "Documentation", "final write-up",
-          (Files("REPORT.md", "README.md"), SaysWhatFailed("REPORT.md"), TracedNumbers("REPORT.md")), max_turns=30,
+          (Files("REPORT.md", "README.md"), SaysWhatFailed("REPORT.md"), AccountsForPlan("REPORT.md"),
+           TracedNumbers("REPORT.md")), max_turns=30,
           hands_on=("REPORT.md",)),
 ):
     register(_phase)

@@ -136,8 +136,9 @@ class Sections:
     def missing(self, work: Work) -> list[str]:
         found = []
         for k in self.titles:
-            words = len(re.findall(r"\w+", work.sections.get(k) or ""))
-            if not words:
+            given = (work.sections.get(k) or "").strip()
+            words = len(re.findall(r"\w+", given))
+            if not given:
                 found.append(f"section {k}")
             elif words < self.MIN_WORDS:
                 found.append(f"section {k} with what it must say ({words} word{'s' * (words != 1)} given)")
@@ -512,6 +513,33 @@ class SaysWhatFailed:
     def describe(self) -> str:
         return (f"after a negative outcome, `{self.path}` has a section headed \"What failed and "
                 "why\"")
+
+
+@dataclass(frozen=True)
+class AccountsForPlan:
+    """The report names every run of the run list, and every evaluation criterion on a line
+    that gives the verdict recorded for it (met or unmet)."""
+
+    path: str
+    fields: ClassVar[tuple[str, ...]] = ()
+
+    def missing(self, work: Work) -> list[str]:
+        file = work.root / self.path
+        if not file.is_file():
+            return []  # `Files` says so
+        text = file.read_text(errors="replace")
+        named = lambda item, t: re.search(rf"(?<![\w-]){re.escape(item)}(?![\w-])", t)  # noqa: E731
+        found = [f"run {r.id} of the run list named in {self.path}, done (with its attempts) or set aside (with "
+                 "the reason)" for r in work.plan.runs if not named(r.id, text)]
+        for c in work.plan.criteria:
+            lines = [line for line in text.splitlines() if named(c.id, line)]
+            if c.status and not any(named(c.status, line) for line in lines):
+                found.append(f"criterion {c.id} in {self.path} with its recorded verdict, {c.status}, on its line")
+        return found
+
+    def describe(self) -> str:
+        return (f"`{self.path}` names every run of the run list, and every criterion with its recorded "
+                "verdict (met or unmet)")
 
 
 @dataclass(frozen=True)

@@ -320,7 +320,7 @@ class AutoResearcher:
             title = _title(body)
             return "Writing the report and the README.", [
                 _call("str_replace_based_edit_tool", command="create", path="REPORT.md",
-                      file_text=f"# {title}\n\nSee results/metrics.json for the numbers.\n"),
+                      file_text=f"# {title}\n\nRun R1 is done; see results/metrics.json for the numbers.\n"),
                 _call("str_replace_based_edit_tool", command="create", path="README.md",
                       file_text=f"# {title}\n\nRun `{COMMAND}`.\n")]
         return "Done.", [_call("complete_phase", summary="REPORT.md and README.md written.")]

@@ -103,8 +103,8 @@ class ClaudeResearcher:
                 done("Read the metrics.", learnings="The slope is close to -0.5, as theory says."),
             ],
             "documentation": [
-                ("Write", {"file_path": "REPORT.md", "content": "# Report\n\nThe RMSE of the mean falls as "
-                           "1/sqrt(k); see results/metrics.json.\n"}),
+                ("Write", {"file_path": "REPORT.md", "content": "# Report\n\nRun R1 is done: the RMSE of the mean falls "
+                           "as 1/sqrt(k); see results/metrics.json.\n"}),
                 ("Write", {"file_path": "README.md", "content": "# Averaging noisy measurements\n\n"
                            "Run `python3 src/experiment.py`.\n"}),
                 done("Wrote the report and the readme."),

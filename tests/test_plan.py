@@ -180,7 +180,8 @@ def test_a_negative_outcome_needs_an_honest_effort_then_the_write_up_says_what_f
     (session.ws.root / "REPORT.md").write_text("# Report\n\nIt did not work.\n")
     vague = call(session, "documentation", "complete_phase", summary="x")
     assert vague.is_error and 'a section of REPORT.md headed "What failed and why"' in vague.content
-    (session.ws.root / "REPORT.md").write_text("# Report\n\n## What failed and why\n\nNo key.\n")
+    (session.ws.root / "REPORT.md").write_text("# Report\n\n## What failed and why\n\nNo key, so R1, R2 and R3 "
+                                               "never ran.\n\n- C1: unmet\n- C2: unmet\n- C3: unmet\n")
     assert not call(session, "documentation", "complete_phase", summary="x").is_error
 
 

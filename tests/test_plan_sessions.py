@@ -184,7 +184,7 @@ class NothingWorks(AutoResearcher):
             return "Writing up the failure.", [
                 _call("str_replace_based_edit_tool", command="create", path="REPORT.md",
                       file_text="# Report\n\nNo planned result was obtained.\n\n## What failed and why\n\n"
-                                "Every attempt was refused with 401: MEASURE_API_TOKEN is not set.\n"),
+                                "Every attempt of run R1 was refused with 401: MEASURE_API_TOKEN is not set.\n"),
                 _call("str_replace_based_edit_tool", command="create", path="README.md", file_text="# Readme\n")]
         return super().documentation(body, turn)
 
