@@ -14,7 +14,7 @@ computed it:
 Besides evidence, the numbers the idea and the plan's run list state (sizes, seeds,
 settings) may be restated.
 
-**How a number is matched** (`traced`): the decimal numbers a text states (`0.731`, `-0.49`,
+**How a number is matched** (`latex.Numbers.traces`): the decimal numbers a text states (`0.731`, `-0.49`,
 `12.5%`, `3.1e-4`; integers are counts, years and sizes, and are not checked) must each be
 found among the evidence's numbers at the precision written: `0.73` matches 0.7312, not 0.74.
 A percentage matches itself or its fraction (`12.5%` matches 0.125), and an unsigned number

@@ -102,7 +102,7 @@ class Outline:
         if not file.is_file():
             return []  # `Files` says so
         parts = re.split(r"^#{1,6}[ \t]+(.*)$", file.read_text(errors="replace"), flags=re.M)
-        found = {_heading_key(h): len(re.findall(r"\w+", body)) for h, body in zip(parts[1::2], parts[2::2])}
+        found = {_heading_key(h): _words(body) for h, body in zip(parts[1::2], parts[2::2])}
         lacking = [h for h in self.headings if found.get(_heading_key(h), 0) < self.MIN_WORDS]
         if not lacking:
             return []
@@ -111,6 +111,10 @@ class Outline:
 
     def describe(self) -> str:
         return f"`{self.path}` has a section under each heading of its outline"
+
+
+def _words(text: str) -> int:
+    return len(re.findall(r"\w+", text))
 
 
 def _heading_key(heading: str) -> str:
@@ -137,7 +141,7 @@ class Sections:
         found = []
         for k in self.titles:
             given = (work.sections.get(k) or "").strip()
-            words = len(re.findall(r"\w+", given))
+            words = _words(given)
             if not given:
                 found.append(f"section {k}")
             elif words < self.MIN_WORDS:
@@ -410,7 +414,7 @@ class PlannedRunsDone:
         if len(tried) < self.honest_effort:
             return [f"an honest effort before a negative outcome: at least {self.honest_effort} failed attempts "
                     f"in this phase, each with its fix ({len(tried)} so far)"]
-        unfixed = [a.n for a in tried[1:] if len(re.findall(r"\w+", a.fix_applied or "")) < Sections.MIN_WORDS]
+        unfixed = [a.n for a in tried[1:] if _words(a.fix_applied or "") < Sections.MIN_WORDS]
         errors = {(a.error or "").strip() for a in tried}
         sources = {json.dumps(_sources(work.files.get(a.n) or {}), sort_keys=True) for a in tried}
         problems = []

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from auto_responder import IDEA, TURNS, AutoResearcher, phase_and_turn  # noqa: E402
+from auto_responder import IDEA, PLAN as PLAN_MD, TURNS, AutoResearcher, phase_and_turn  # noqa: E402
 from support import labrun, wait_for  # noqa: E402
 from fake_messages_api import FakeMessagesAPI, count_tokens, prompt_blocks  # noqa: E402
 
@@ -444,10 +444,10 @@ def test_kill_9_between_a_reply_and_its_tool_result_answers_it_as_interrupted(tm
 def test_a_spent_budget_stops_the_session_and_a_larger_one_continues_it(tmp_path, idea, serve, cli):
     api = serve(AutoResearcher())
     ws = tmp_path / "ws"
-    result = cli("run", str(idea), "--workspace", str(ws), "--agent", "anthropic", "--budget-usd", "0.04")  # spent in the middle of setup
-    assert_one_line_stop(result, "budget of $0.04 is spent", f"labrun resume {ws} --budget-usd", ws=ws)
+    result = cli("run", str(idea), "--workspace", str(ws), "--agent", "anthropic", "--budget-usd", "0.05")  # spent in the middle of setup
+    assert_one_line_stop(result, "budget of $0.05 is spent", f"labrun resume {ws} --budget-usd", ws=ws)
     stopped = session_status(ws)
-    assert stopped["usage"]["cost_usd"] >= 0.04
+    assert stopped["usage"]["cost_usd"] >= 0.05
     phase = next(p["key"] for p in stopped["phases"] if p["status"] == "FAILED")
     asked = len(api.requests)
     last = api.requests[-1]["body"]
@@ -505,7 +505,7 @@ def test_a_budget_on_a_model_with_no_price_refuses_to_start_and_says_how_to_pric
 PAUSED = {"content": [{"type": "text", "text": "Reading about the question first."}], "stop_reason": "pause_turn"}
 PLAN = {"content": [{"type": "tool_use", "id": "toolu_plan", "name": "str_replace_based_edit_tool",
                      "input": {"command": "create", "path": "planning.md",
-                               "file_text": "# Plan\n\nMonte Carlo over k = 1..64; fit the log-log slope.\n"}}]}
+                               "file_text": "# Plan\n\n" + PLAN_MD}}]}
 CUT_CALL = {"content": [{"type": "text", "text": "Making the folders."},
                         {"type": "tool_use", "id": "toolu_cut", "name": "bash",
                          "partial_json": '{"command": "touch cut-call-ran", "restart": fa'}],

@@ -83,6 +83,14 @@ class ThreeRuns(AutoResearcher):
                       {"id": "C2", "status": "met", "note": f"R1 #{done['R1']} from seed 0 wrote its own files "
                                                            "and its slope"}])
 
+    def documentation(self, body, turn):
+        if turn == 1:
+            return "Writing the report.", [
+                _call("str_replace_based_edit_tool", command="create", path="REPORT.md",
+                      file_text="# Report\n\nRuns R1, R2 and R3 are done, one seed each.\n\n- C1: met\n- C2: met\n"),
+                _call("str_replace_based_edit_tool", command="create", path="README.md", file_text="# Readme\n")]
+        return super().documentation(body, turn)
+
     def analysis(self, body, turn):
         if turn == 1:
             return "Collecting the three runs.", [_call("bash", command=(

@@ -157,6 +157,7 @@ def test_planning_searches_fetches_and_cites_through_the_messages_api(tmp_path, 
     planning.md; the phases after it are offered no web tool."""
     from auto_responder import IDEA, SOURCE, SOURCE_TEXT, SOURCE_TITLE, AutoResearcher
     from labrun.status import session_status
+    from auto_responder import PLAN
     from test_anthropic_session import turn_of
 
     class WebPlanner(AutoResearcher):
@@ -167,7 +168,8 @@ def test_planning_searches_fetches_and_cites_through_the_messages_api(tmp_path, 
                         "stop_reason": "pause_turn"}
             if turn == 2:
                 plan = (f"# Plan\n\n## Motivation and related work\n\n{SOURCE_TITLE} ({SOURCE}) derives "
-                        "sigma/sqrt(k) for the RMSE of a k-sample mean; the baseline is that curve.\n")
+                        "sigma/sqrt(k) for the RMSE of a k-sample mean; the baseline is that curve.\n\n"
+                        "## 2." + PLAN.partition("## 2.")[2])
                 write = {"type": "tool_use", "id": "toolu_plan020", "name": "str_replace_based_edit_tool",
                          "input": {"command": "create", "path": "planning.md", "file_text": plan}}
                 return {"content": [*web_fetch(SOURCE, SOURCE_TEXT),
