@@ -63,10 +63,8 @@ def measured(session, run="R1", seed=0, fix=None):
     return session.state.attempts[-1]
 
 
-def verdicts(n: int, met=("C1", "C2", "C3"), note="R1, attempt #{n}: slope {slope}"):
-    slope = "?"
-    return [{"id": c, "status": "met" if c in met else "unmet", "note": note.format(n=n, slope=slope)}
-            for c in ("C1", "C2", "C3")]
+def verdicts(n: int, met=("C1", "C2", "C3"), note="R1, attempt #{n}: slope"):
+    return [{"id": c, "status": "met" if c in met else "unmet", "note": note.format(n=n)} for c in ("C1", "C2", "C3")]
 
 
 def refused(result, *said: str) -> None:
