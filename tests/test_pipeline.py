@@ -267,6 +267,7 @@ def test_labrun_queue_with_gives_the_deployment_run_its_phases_and_style(tmp_pat
                         "--pass-env", "SERVICE_ACCESS", "--workspaces", str(tmp_path / "workspaces"), "--agent", "scripted",
                         "--deployment", "research-session/pipeline-params", env={"SERVICE_ACCESS": "on-the-worker-only"})
         assert result.returncode == 0, result.stderr
+        assert "\n  agent scripted\n" in result.stdout, result.stdout  # it says which agent the run uses
         with get_client(sync_client=True) as client:
             (run,) = client.read_flow_runs(limit=1, deployment_filter=_deployment_filter(deployment_id))
             assert run.parameters["with_phases"] == ["resources", "paper"]

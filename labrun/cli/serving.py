@@ -142,7 +142,7 @@ def _queue_one(path: Path, root: Path, args) -> str:
         return "skipped"
     run = submit_session(path, workspace, args.agent, args.model, args.deployment,
                          with_phases=args.with_phases, paper_style=args.paper_style, pass_env=args.pass_env)
-    console.print(f"{path.name} → {workspace} ({_agent_of(workspace, args.agent)})\n"
+    console.print(f"{path.name} → {workspace}\n  {_agent_of(workspace, args.agent)}\n"
                   f"  flow run {run.name} {run.id}\n  {flow_run_url(run.id)}")
     return "queued"
 
