@@ -11,6 +11,7 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar, Mapping, Protocol, Sequence
 
@@ -55,8 +56,9 @@ class Work:
         path = self.root / IDEA_COPY
         return path.read_text(errors="replace") if path.is_file() else ""
 
-    @property
+    @cached_property
     def evidence(self) -> Evidence:
+        """Built once per completion check (it reads the idea), however many rules ask."""
         runs = "\n".join(f"{r.purpose}\n{r.conditions}\n{r.seeds}" for r in self.plan.runs)
         return Evidence(self.root, self.attempts, self.files, (self.idea_text(), runs))
 
