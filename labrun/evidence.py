@@ -35,6 +35,11 @@ from labrun.snapshot import entry_digest
 
 SOURCE = re.compile(r"[\w./-]*\w\.(?:py|sh|bash|r|R|jl|ipynb|js|ts|lean|m|cpp|cc|c|rs|go|java|scala|pl|rb|lua)\b")
 MODULE = re.compile(r"\bpython\d?(?:\.\d+)?\s+(?:-\w+\s+)*-m\s+([\w.]+)")
+ENGINE_BLOCK = re.compile(r"<!-- labrun:(\w+) -->.*?<!-- /labrun:\1 -->", re.S)
+"""What the engine writes into a write-up itself (REPORT.md's reproduction header): not the
+agent's claims."""
+CITED = re.compile(r"#(\d+)\b")
+"""An attempt cited by number in a note (`#3`)."""
 ADDRESS = re.compile(r"\]\([^)]*\)|<?https?://\S+|\bdoi:\S+|\barXiv:\S+", re.I)
 
 
@@ -111,5 +116,6 @@ class Evidence:
 def markdown_numbers(text: str) -> list[latex.Stated]:
     """The decimal numbers a Markdown text states, as `latex.stated_numbers` reads a paper's
     (addresses blanked out, line numbers kept)."""
-    text = ADDRESS.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+    blank = lambda m: "\n" * m.group(0).count("\n")  # noqa: E731
+    text = ADDRESS.sub(blank, ENGINE_BLOCK.sub(blank, text))
     return latex.stated_numbers(text.replace("\\", " ").replace("%", "\\%"))

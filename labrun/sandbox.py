@@ -107,6 +107,9 @@ class Sandbox:
     """The egress proxy's Unix socket: with `network`, the one way out."""
     no_proxy: str = "localhost,127.0.0.1,::1"
     """What goes to the sandbox's own loopback, not to the proxy (NO_PROXY)."""
+    mounted_from: Path | None = None
+    """The folder shown at the workspace's path instead of the workspace (a reproduction's
+    rebuilt copy: the command sees the paths it saw, and the workspace is out of its reach)."""
 
     def wrap(self, argv: list[str], lifeline: int) -> list[str]:
         """`argv` run inside the sandbox (which needs `bubblewrap()`). `lifeline` is the read
@@ -123,7 +126,7 @@ class Sandbox:
             args += ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
         # /tmp before the workspace, which may lie under /tmp itself.
         args += ["--bind", str(self.tmp), "/tmp", "--ro-bind", sys.base_prefix, sys.base_prefix,
-                 "--bind", str(self.workspace), str(self.workspace)]
+                 "--bind", str(self.mounted_from or self.workspace), str(self.workspace)]
         for path in self.readonly:
             path.mkdir(parents=True, exist_ok=True)
             args += ["--ro-bind", str(path), str(path)]

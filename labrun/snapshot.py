@@ -28,6 +28,8 @@ ENVIRONMENT_NAMES = {".venv", "venv", "node_modules"}
 ENVIRONMENT_MARKERS = {"pyvenv.cfg", "conda-meta"}
 CACHE_MARKER = "CACHEDIR.TAG"  # https://bford.info/cachedir/
 PACKAGE_FOLDERS = ("lib/python*/site-packages", "Lib/site-packages", "conda-meta")
+KEPT_FILE_BYTES = int(float(os.environ.get("LABRUN_KEEP_MAX_MB", "16")) * 2**20)
+"""Files up to this size are kept as each attempt found them (`keep_copies`)."""
 SETTLED_NS = 2 * 10**9
 """A digest is cached only for a file unchanged this long: a write within the same mtime
 tick as the hashing could otherwise go unseen."""
@@ -58,6 +60,33 @@ def entry_digest(root: Path, rel: str) -> str | None:
     except OSError:
         return None
     return _cache_for(Path(root).resolve()).digest(rel, str(path), st) if path.is_file() else None
+
+
+def keep_copies(root: Path, files: dict[str, str], store: Path) -> None:
+    """A copy of each file of `files` (a snapshot of `root`) in `store`, named by its digest,
+    so that the workspace as it was can be rebuilt later (a reproduction,
+    `labrun.phases.reproduction`). Copies are shared: a file already kept costs nothing.
+    Environments and files above `KEPT_FILE_BYTES` are not kept, nor a file that changed
+    since its digest was taken."""
+    store.mkdir(parents=True, exist_ok=True)
+    for rel, digest in files.items():
+        if len(digest) != 64 or (store / digest).exists():  # an environment, a big file, or kept
+            continue
+        path = Path(root) / rel
+        try:
+            if path.stat().st_size > KEPT_FILE_BYTES:
+                continue
+            data = path.read_bytes()
+        except OSError:
+            continue
+        if hashlib.sha256(data).hexdigest() == digest:
+            temp = store / f".{digest}.tmp"
+            try:
+                temp.write_bytes(data)
+                temp.replace(store / digest)
+            except OSError:  # a full disk: that file cannot be rebuilt, and a reproduction says so
+                temp.unlink(missing_ok=True)
+                return
 
 
 def changed(before: dict[str, str], after: dict[str, str]) -> set[str]:

@@ -52,6 +52,18 @@ class PhaseRecord(BaseModel):
     error: str | None = None
 
 
+class Reproduction(BaseModel):
+    """The engine's rerun of a SUCCESS attempt (`labrun.phases.reproduction`)."""
+
+    status: Literal["REPRODUCED", "DIVERGED", "SKIPPED"]
+    detail: str
+    """What was compared, what differed, or why it was not rerun."""
+    metrics: dict[str, float | int | str | None] = Field(default_factory=dict)
+    """What the rerun recorded."""
+    duration_s: float | None = None
+    log: str | None = None
+
+
 class Attempt(BaseModel):
     n: int
     phase: str
@@ -71,6 +83,8 @@ class Attempt(BaseModel):
     pgid: int | None = None
     branch: int = 1
     """The branch of the session it ran in (`labrun rerun`); the numbering is one sequence."""
+    reproduction: Reproduction | None = None
+    """Set once the engine reran it (an attempt that a criterion judged met cites)."""
 
 
 class Branch(BaseModel):

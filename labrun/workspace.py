@@ -54,6 +54,11 @@ class Workspace:
     def attempts(self) -> Path:
         return self.data / "attempts"
 
+    @property
+    def kept(self) -> Path:
+        """Copies of the files the attempts started from, by digest (`snapshot.keep_copies`)."""
+        return self.data / "kept"
+
     def phase_dir(self, key: str) -> Path:
         return self.data / "phases" / key
 

@@ -18,7 +18,7 @@ from prefect.transactions import CommitMode, transaction
 from labrun.commands import run_command
 from labrun.crashpoints import crashpoint
 from labrun.session import Session
-from labrun.snapshot import changed, workspace_files
+from labrun.snapshot import changed, keep_copies, workspace_files
 from labrun.state import Attempt
 from labrun.tools import RunExperimentInput, ToolError, parse_metrics
 
@@ -31,6 +31,7 @@ DISK_FULL = os.strerror(errno.ENOSPC)  # "No space left on device"
 def start_attempt(session: Session, phase_key: str, inp: RunExperimentInput) -> Attempt:
     files = workspace_files(session.ws.root)
     refuse_if_repeated(session, inp, files)
+    keep_copies(session.ws.root, files, session.ws.kept)  # so that the engine can run it again
     attempt = session.new_attempt(phase_key, inp, files)
     with transaction(commit_mode=CommitMode.EAGER):
         record = experiment_attempt.with_options(result_storage=session.ws.results)(

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Mapping, Protocol, Sequence
 
 from labrun import latex, toollog
-from labrun.evidence import Evidence, markdown_numbers
+from labrun.evidence import CITED, Evidence, markdown_numbers
 from labrun.plan import Plan, coverage, normal_path, output_exists, seeds_asked
 
 IDEA_COPY = ".labrun/idea.yaml"
@@ -469,7 +469,7 @@ class CriteriaJudged:
         """The note names an attempt `#n` that serves the criterion and succeeded, and one of
         the metrics it computed (`Evidence.measured`: not one its command wrote itself)."""
         note = criterion.note or ""
-        cited = {int(n) for n in re.findall(r"#(\d+)\b", note)}
+        cited = {int(n) for n in CITED.findall(note)}
         for a in work.attempts:
             if a.n in cited and (not work.plan.runs or a.run_id in serving):
                 if any(re.search(rf"(?<!\w){re.escape(k)}(?!\w)", note) for k in work.evidence.measured(a)):

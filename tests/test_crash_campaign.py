@@ -4,10 +4,10 @@ at seeded random instants and resumed each time, must end exactly as uninterrupt
 Each round picks a crash point and an arrival number at random (the seed fixes both):
 inside a model call (the request out, its reply coming), after a reply arrived and before
 its journal record (the one window where a billed reply can be lost), between a reply and
-its tool results, during an attempt, during an atomic write (STATE.md, state.json, a
-manifest: between the temp file and its rename), at every phase-table write, at the end of
-a phase before Prefect commits its cached result, and inside that commit (Prefect's own
-write of a result record, torn halfway). The scripted agent is one backend; the Anthropic
+its tool results, during an attempt, during the engine's rerun of one (reproduction),
+during an atomic write (STATE.md, state.json, a manifest: between the temp file and its
+rename), at every phase-table write, at the end of a phase before Prefect commits its cached
+result, and inside that commit (Prefect's own write of a result record, torn halfway). The scripted agent is one backend; the Anthropic
 backend, the real SDK against the fake Messages API with `tests/auto_responder.py` playing
 the model, is the other.
 
@@ -43,7 +43,7 @@ from labrun.snapshot import workspace_files  # noqa: E402
 from labrun.state import STATE_SECTIONS, parse_state_md, phase_table  # noqa: E402
 from labrun.status import session_status  # noqa: E402
 
-POINTS = {"model-call": 4, "reply-received": 4, "reply-saved": 4, "attempt": 1, "atomic-write": 24,
+POINTS = {"model-call": 4, "reply-received": 4, "reply-saved": 4, "attempt": 1, "reproduction": 1, "atomic-write": 24,
           "phase-start": 2, "phase-done": 4, "phase-end": 2, "result-write": 3}
 """Crash point → the largest arrival number drawn (small, so that most rounds kill)."""
 LOSSY = {"model-call", "reply-received"}
@@ -136,7 +136,8 @@ def assert_same_work(ws: Path, reference: Path, attempts: list[dict], seed: int)
         f"seed {seed}: the workspace differs from an uninterrupted run"
     report, wanted = ((root / "REPORT.md").read_text().partition(HISTORY) for root in (ws, reference))
     # an interruption numbers the attempts differently: the verdicts cite the one that succeeded
-    assert re.sub(r"#\d+", "#n", report[0]) == re.sub(r"#\d+", "#n", wanted[0]), \
+    numbered = re.compile(r"(?<=#)\d+|(?<=attempt )\d+")
+    assert numbered.sub("n", report[0]) == numbered.sub("n", wanted[0]), \
         f"seed {seed}: REPORT.md's findings differ from an uninterrupted run's"
     if report[1]:
         told = [int(n) for n in re.findall(r"^- Attempt (\d+) ", report[2], flags=re.M)]
@@ -252,3 +253,30 @@ def test_a_kill_inside_prefects_result_write_leaves_a_torn_record_that_costs_not
 def billed_calls(ws: Path, phase: str) -> int:
     lines = (ws / ".labrun/faults/billed.jsonl").read_text().splitlines()
     return sum(json.loads(line)["phase"] == phase for line in lines)
+
+
+def test_a_kill_during_reproduction_leaves_no_rerun_running_and_the_resume_reruns_it_from_a_fresh_copy(
+        tmp_path, forker):
+    """Killed as the engine's rerun of the demo's attempt starts: nothing of the rerun lives
+    on; the resume finds the experiments complete in their journal (the agent is not asked
+    again), reruns the attempt from a new copy, and records it once."""
+    import psutil
+
+    ws = tmp_path / "ws"
+    killed = forker.run(["run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted"],
+                        env={"LABRUN_CRASH_AT": "reproduction:1"})
+    assert killed.returncode == KILLED, killed.stderr
+    assert [p.name for p in (ws / ".labrun/reproductions").iterdir()] == ["attempt-002"]
+    wait_for(lambda: not [p for p in psutil.process_iter(["cmdline", "cwd"])
+                          if str(ws) in " ".join(p.info["cmdline"] or []) + (p.info["cwd"] or "")],
+             timeout=10, what="the rerun's processes to end with the engine")
+    experiments_calls = billed_calls(ws, "experiments")
+    resumed = forker.run(["resume", str(ws)])
+    assert resumed.returncode == 0, resumed.stderr
+    report = session_status(ws)
+    assert report["session"]["complete"]
+    [backing] = [a for a in report["attempts"] if a["reproduction"]]
+    assert backing["reproduction"]["status"] == "REPRODUCED", backing["reproduction"]
+    assert billed_calls(ws, "experiments") == experiments_calls, "the agent was asked again"
+    assert (ws / "STATE.md").read_text().count(f"attempt {backing['n']} REPRODUCED by the engine's rerun") == 1
+    assert f"attempt {backing['n']} (R1): **REPRODUCED**" in (ws / "REPORT.md").read_text()

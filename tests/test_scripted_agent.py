@@ -28,13 +28,18 @@ def test_every_idea_completes_with_honest_verdicts(idea: Path, tmp_path):
     (run,) = status["plan"]["runs"]
     assert run["criteria"] == [c["id"] for c in criteria] and run["state"] == "done"  # it serves the idea's own
     report = (ws / "REPORT.md").read_text()
+    header, _, body = report.partition("<!-- /labrun:reproduction -->\n\n")  # the engine's, under the title
     if idea == DEMO_IDEA:  # its own study: judged from what R1 measured, citing the attempt
         assert [c["status"] for c in criteria] == ["met", "met", "met"]
         assert all("attempt #2" in c["note"] for c in criteria)
         assert "No research was done" not in report
+        assert "- attempt 2 (R1): **REPRODUCED**" in header  # the engine ran it again
+        assert [a["reproduction"]["status"] if a["reproduction"] else None for a in status["attempts"]] == \
+            [None, "REPRODUCED"]
     else:
         assert all((c["status"], c["note"]) == ("unmet", NOT_EVALUATED) for c in criteria), criteria
-        assert report.split("\n\n")[1].startswith("**No research was done.**"), report[:400]
+        assert "no criterion was judged met on a successful attempt, so there was nothing to run again" in header
+        assert body.startswith("**No research was done.**"), report[:800]
         assert "No research on this idea is planned" in (ws / "planning.md").read_text()
 
 

@@ -1,0 +1,232 @@
+"""Reproduction by the engine: once the agent has completed the experiments, the engine runs
+again each SUCCESS attempt that a criterion judged met cites, and records whether its
+metrics came out the same.
+
+- **From the sources as that attempt found them.** Each rerun starts from a copy of the
+  workspace rebuilt from the files kept when the attempt started (`snapshot.keep_copies`),
+  not from the workspace as it is now: what the attempt wrote, and every later edit, are not
+  there. Environments (`.venv/`) are shown read-only as they are now; a file too big to keep
+  is used if it is unchanged.
+- **In a fresh sandbox**, with the same command: the copy is bound at the workspace's own
+  path, so the command sees the paths it saw, with a /tmp of its own; the workspace itself is
+  out of its reach.
+- **Compared within a stated tolerance**: each metric the attempt recorded, as numbers within
+  a relative difference of `constraints.reproduce_tolerance` (0.001 unless set), anything
+  else exactly.
+  - REPRODUCED: every metric matches;
+  - DIVERGED: a metric differs or is missing, or the rerun failed;
+  - SKIPPED: it could not be rerun (an input was not kept and has changed; the time bound
+    was spent; reproduction is off).
+- **Bounded**: all reruns together take at most `constraints.reproduce_minutes` (60 unless
+  set; 0 turns reproduction off), each at most the attempt's own time limit.
+- **Durable**: each rerun is a Prefect subtask cached by session and attempt, committed
+  eagerly; a kill during one reruns it from a fresh copy on resume.
+
+The outcome is in the attempt's record (STATE.md, `labrun status --json`) and at the top of
+REPORT.md (`stamp_report`), whatever it is.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.transactions import CommitMode, transaction
+
+from labrun.commands import run_command
+from labrun.crashpoints import crashpoint
+from labrun.evidence import CITED, ENGINE_BLOCK
+from labrun.sandbox import bubblewrap
+from labrun.session import Session
+from labrun.snapshot import ENVIRONMENT_NAMES, SKIPPED_NAMES, entry_digest
+from labrun.state import Attempt, Reproduction
+from labrun.tools import parse_metrics
+from labrun.workspace import write_atomic
+
+DEFAULT_MINUTES = 60.0
+DEFAULT_TOLERANCE = 1e-3
+
+
+def settings(session: Session) -> tuple[float, float]:
+    """(minutes, relative tolerance) for this session's reproduction."""
+    c = session.idea.constraints
+    minutes = c.reproduce_minutes if c and c.reproduce_minutes is not None else DEFAULT_MINUTES
+    tolerance = c.reproduce_tolerance if c and c.reproduce_tolerance is not None else DEFAULT_TOLERANCE
+    return minutes, tolerance
+
+
+def backing_attempts(session: Session) -> list[Attempt]:
+    """The SUCCESS attempts that the criteria judged met cite (`#n`), in order."""
+    cited = {int(n) for c in session.state.plan.criteria if c.status == "met" for n in CITED.findall(c.note or "")}
+    return [a for a in session.state.live_attempts() if a.n in cited and a.status == "SUCCESS"]
+
+
+def reproduce(session: Session) -> None:
+    """Rerun every backing attempt not yet rerun (the experiments phase's `finish`)."""
+    minutes, tolerance = settings(session)
+    for attempt in backing_attempts(session):
+        if attempt.reproduction is not None:
+            continue
+        spent = sum(a.reproduction.duration_s or 0 for a in session.state.attempts if a.reproduction)
+        left_s = minutes * 60 - spent
+        with transaction(commit_mode=CommitMode.EAGER):
+            record = reproduce_attempt.with_options(result_storage=session.ws.results)(
+                session_id=session.state.session_id, workspace=str(session.ws.root), n=attempt.n,
+                left_s=left_s, tolerance=tolerance)
+        if session.state.attempts[attempt.n - 1].reproduction is None:  # a cached result, its record lost
+            session.update_attempt(attempt.n, reproduction=Reproduction.model_validate(record))
+
+
+def _reproduction_key(context, parameters) -> str:
+    return f"labrun-{parameters['session_id']}-reproduction-{parameters['n']}"
+
+
+@task(name="reproduction", task_run_name="reproduce attempt {n}", cache_key_fn=_reproduction_key,
+      persist_result=True)
+def reproduce_attempt(session_id: str, workspace: str, n: int, left_s: float, tolerance: float) -> dict:
+    session = Session.get(workspace)
+    attempt = session.state.attempts[n - 1]
+    if attempt.reproduction is None:
+        session.store.log(f"attempt {n}: the engine reruns it to check its metrics")
+        result = rerun(session, attempt, left_s, tolerance)
+        session.update_attempt(n, reproduction=result)
+        session.store.event(f"attempt {n} {result.status} by the engine's rerun: {result.detail}")
+    return session.state.attempts[n - 1].reproduction.model_dump()
+
+
+def rerun(session: Session, attempt: Attempt, left_s: float, tolerance: float) -> Reproduction:
+    if left_s <= 0:
+        minutes, _ = settings(session)
+        why = "reproduction is turned off" if minutes == 0 else f"the {minutes:g} minutes for reproduction were spent"
+        return Reproduction(status="SKIPPED", detail=f"not rerun: {why} (constraints.reproduce_minutes)")
+    place = session.ws.data / "reproductions" / f"attempt-{attempt.n:03d}"
+    copy, environments, missing = rebuild(session, attempt, place)
+    if missing:
+        return Reproduction(status="SKIPPED", detail=f"not rerun: {missing}")
+    log = place / "output.log"
+    sandbox = None
+    if bubblewrap() is not None:
+        sandbox = replace(session.sandbox(), mounted_from=copy, tmp=place / "tmp",
+                          readonly=tuple(session.ws.root / e for e in environments))
+    limit_s = min(session.time_limit_s, left_s)
+    result = run_command(attempt.command, copy, log, timeout_s=limit_s, max_output_bytes=200_000_000,
+                         on_start=lambda pgid: crashpoint("reproduction"), sandbox=sandbox,
+                         keys=session.key_names())
+    recorded = dict(log=str(log.relative_to(session.ws.root)), duration_s=round(result.duration_s, 2))
+    if result.timed_out and limit_s < session.time_limit_s:
+        return Reproduction(status="SKIPPED", detail=f"not finished when the time for reproduction ran out "
+                            f"({limit_s / 60:.0f} min)", **recorded)
+    if result.exit_code != 0:
+        why = "it timed out" if result.timed_out else f"exit code {result.exit_code}"
+        return Reproduction(status="DIVERGED", detail=f"the rerun failed ({why}); see its log", **recorded)
+    try:
+        metrics = parse_metrics(copy / attempt.metrics_file) if attempt.metrics_file else {}
+    except (OSError, ValueError) as e:
+        return Reproduction(status="DIVERGED", detail=f"the rerun wrote no readable {attempt.metrics_file} ({e})",
+                            **recorded)
+    differences = compare(attempt.metrics, metrics, tolerance)
+    if differences:
+        return Reproduction(status="DIVERGED", detail="; ".join(differences), metrics=metrics, **recorded)
+    shutil.rmtree(place / "work")  # kept only when it differs, to look into
+    return Reproduction(status="REPRODUCED", metrics=metrics, **recorded,
+                        detail=f"{len(attempt.metrics)} metric{'s' * (len(attempt.metrics) != 1)} the same, "
+                               f"within a relative {tolerance:g}")
+
+
+def rebuild(session: Session, attempt: Attempt, place: Path) -> tuple[Path, list[str], str | None]:
+    """The workspace as `attempt` found it, in `place/work` (made anew); its environments'
+    paths; and, when it cannot be rebuilt, why."""
+    root = session.ws.root
+    shutil.rmtree(place, ignore_errors=True)
+    copy = place / "work"
+    copy.mkdir(parents=True)
+    before = (session.attempt_files(attempt.n) or {}).get("before")
+    if before is None:
+        return copy, [], f"attempt {attempt.n} has no record of the files it started from"
+    environments = []
+    for folder in folders(root):  # empty ones too (a `results/` the code writes into): a snapshot lists files
+        (copy / folder).mkdir(parents=True, exist_ok=True)
+    for rel, digest in before.items():
+        target = copy / rel.rstrip("/")
+        if rel.endswith("/"):  # an environment: the sandbox binds it over an empty folder
+            environments.append(rel.rstrip("/"))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if bubblewrap() is None:
+                target.symlink_to(root / rel)
+            else:
+                target.mkdir()
+            continue
+        kept = session.ws.kept / digest
+        source = kept if kept.is_file() else root / rel if entry_digest(root, rel) == digest else None
+        if source is None:
+            return copy, environments, f"{rel} has changed since attempt {attempt.n} and no copy of it was kept"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+        if (root / rel).exists():
+            shutil.copymode(root / rel, target)  # a script run as ./run.sh
+    return copy, environments, None
+
+
+def folders(root: Path) -> list[str]:
+    """The workspace's folders now, as `snapshot.workspace_files` walks it."""
+    found = []
+    for path, names, _ in os.walk(root):
+        names[:] = [n for n in names if n not in SKIPPED_NAMES and n not in ENVIRONMENT_NAMES]
+        found += [os.path.relpath(os.path.join(path, n), root) for n in names]
+    return found
+
+
+def compare(recorded: dict[str, Any], rerun: dict[str, Any], tolerance: float) -> list[str]:
+    """What differs, one item per metric ([] when the rerun matches)."""
+    found = []
+    for key, value in recorded.items():
+        if key not in rerun:
+            found.append(f"{key} missing from the rerun")
+            continue
+        again = rerun[key]
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (value, again))
+        same = math.isclose(value, again, rel_tol=tolerance, abs_tol=1e-12) if numbers else value == again
+        if not same:
+            found.append(f"{key} {value} then {again}")
+    return found
+
+
+def report_header(session: Session) -> str:
+    """The engine's account of the reproduction, for the top of REPORT.md."""
+    minutes, tolerance = settings(session)
+    lines = ["<!-- labrun:reproduction -->"]
+    rerun = [a for a in backing_attempts(session) if a.reproduction]
+    if minutes == 0:
+        lines.append("> **Reproduction by the engine: turned off** (`constraints.reproduce_minutes: 0`); "
+                     "no result in this report was run again.")
+    elif not rerun:
+        lines.append("> **Reproduction by the engine:** no criterion was judged met on a successful attempt, "
+                     "so there was nothing to run again.")
+    else:
+        counts = {s: sum(a.reproduction.status == s for a in rerun) for s in ("REPRODUCED", "DIVERGED", "SKIPPED")}
+        said = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
+        lines.append(f"> **Reproduction by the engine: {said}.** The engine ran again each attempt that a "
+                     "criterion judged met cites, in a fresh sandbox from the files as that attempt found them, "
+                     f"and compared its metrics (relative tolerance {tolerance:g}).")
+        lines.append(">")
+        lines += [f"> - attempt {a.n}{f' ({a.run_id})' if a.run_id else ''}: **{a.reproduction.status}**, "
+                  f"{a.reproduction.detail}" for a in rerun]
+    lines.append("<!-- /labrun:reproduction -->")
+    return "\n".join(lines) + "\n\n"
+
+
+def stamp_report(session: Session) -> None:
+    """REPORT.md begins with the engine's header (the documentation phase's `finish`),
+    after its title when it has one; an earlier header is replaced."""
+    path = session.ws.root / "REPORT.md"
+    if not path.is_file():
+        return
+    text = ENGINE_BLOCK.sub("", path.read_text(errors="replace")).lstrip("\n")
+    title, rest = (text.split("\n", 1) + [""])[:2] if text.startswith("# ") else ("", text)
+    head = f"{title}\n\n" if title else ""
+    write_atomic(path, head + report_header(session) + rest.lstrip("\n"))

@@ -1,0 +1,153 @@
+"""Reproduction by the engine: the attempts behind met criteria are run again, from the files
+as each attempt found them, in a sandbox of their own, and their metrics compared.
+
+Each test plays the experiments phase through the real tools of a real session (attempts and
+reruns are Prefect subtasks running real commands), then lets the engine do what it does
+once that phase is complete (`phases.reproduction.reproduce`).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from labrun.sandbox import bubblewrap
+
+from support import DEMO_IDEA
+from test_rule_gaming import MEASURE, call, planned, write
+
+from labrun.phases.reproduction import reproduce, stamp_report
+from labrun.session import Session
+from labrun.status import session_status
+
+UNSEEDED = MEASURE.replace("random.Random(int(sys.argv[1]))", "random.Random()")
+
+
+def open_session(tmp_path, constraints: str = ""):
+    tmp_path.mkdir(exist_ok=True)
+    idea = tmp_path / "idea.yaml"
+    text = DEMO_IDEA.read_text()
+    if constraints:
+        text = text.replace("  constraints:\n", "  constraints:\n" + constraints, 1)
+        assert constraints in text
+    idea.write_text(text)
+    s = Session.open(tmp_path / "ws", idea, "scripted")
+    (s.ws.root / "results").mkdir()
+    return s
+
+
+@pytest.fixture
+def session(tmp_path, prefect_api):
+    s = open_session(tmp_path)
+    yield s
+    s.close()
+
+
+def attempt(session, script: str, run: str, seed: int, name: str = "measure.py"):
+    write(session, f"src/{name}", script)
+    result = call(session, "experiments", "run_experiment", command=f"python3 src/{name} {seed}",
+                  purpose="measure the slope", run_id=run, metrics_file=f"results/m{seed}.json",
+                  fix_applied="another script")
+    assert "SUCCESS" in result.content, result.content
+    return session.state.attempts[-1].n
+
+
+def judged(session, backing: dict[str, int]) -> None:
+    """Experiments complete, each criterion met on the attempt `backing` names."""
+    aside = [{"id": "R2", "reason": "R1 covers uniform noise too"}] \
+        if all(a.run_id != "R2" for a in session.state.attempts) else []
+    done = call(session, "experiments", "complete_phase", summary="done", deviations=aside,
+                sections={"experiment_results": "R1 and R2 measured the slope"},
+                criteria=[{"id": c, "status": "met", "note": f"attempt #{n}: slope"} for c, n in backing.items()])
+    assert not done.is_error, done.content
+
+
+def test_an_unseeded_draw_diverges_and_a_seeded_one_reproduces(session):
+    planned(session)
+    seeded = attempt(session, MEASURE, "R1", 0)
+    unseeded = attempt(session, UNSEEDED, "R2", 1, "draw.py")
+    judged(session, {"C1": unseeded, "C2": seeded, "C3": seeded})
+    reproduce(session)
+
+    again = {a.n: a.reproduction for a in session.state.attempts}
+    assert again[seeded].status == "REPRODUCED", again[seeded]
+    assert again[unseeded].status == "DIVERGED", again[unseeded]
+    assert "slope" in again[unseeded].detail and "then" in again[unseeded].detail
+    # the rerun's own metrics, not the attempt's file read again
+    assert again[unseeded].metrics["slope"] != session.state.attempts[unseeded - 1].metrics["slope"]
+    state_md = session.ws.state_md.read_text()
+    assert f"- Reproduction: **DIVERGED**, {again[unseeded].detail}" in state_md
+    assert "- Reproduction: **REPRODUCED**, 2 metrics the same, within a relative 0.001" in state_md
+    shown = {a["n"]: a["reproduction"]["status"] for a in session_status(session.ws.root)["attempts"]}
+    assert shown == {seeded: "REPRODUCED", unseeded: "DIVERGED"}
+
+    write(session, "REPORT.md", "# Report\n\nThe slope came out near -0.5.\n")
+    stamp_report(session)
+    stamp_report(session)  # a second stamp replaces the first
+    report = (session.ws.root / "REPORT.md").read_text()
+    assert report.startswith("# Report\n\n<!-- labrun:reproduction -->\n> **Reproduction by the engine: "
+                             "1 REPRODUCED, 1 DIVERGED.**"), report
+    assert report.count("labrun:reproduction -->") == 2
+    assert f"- attempt {unseeded} (R2): **DIVERGED**" in report
+    assert report.endswith("The slope came out near -0.5.\n")
+
+
+def test_the_rerun_starts_from_the_files_as_the_attempt_found_them_and_leaves_the_workspace_alone(session):
+    """After the attempt, the agent edits the script and writes the metrics by hand: the
+    rerun still runs the script it ran and compares with what it recorded. Whatever the rerun
+    writes stays in its own copy: the workspace's files, its log, are as the attempt left them."""
+    planned(session)
+    counting = MEASURE + "open('results/runs.log', 'a').write('ran\\n')\n"
+    n = attempt(session, counting, "R1", 0)
+    judged(session, {"C1": n, "C2": n, "C3": n})
+    write(session, "src/measure.py", "raise SystemExit('rewritten after the attempt')\n")
+    write(session, "results/m0.json", json.dumps({"slope": -0.5, "rmse_k1": 0.5}))
+    reproduce(session)
+
+    assert session.state.attempts[n - 1].reproduction.status == "REPRODUCED"
+    assert (session.ws.root / "results/runs.log").read_text() == "ran\n"
+    assert json.loads((session.ws.root / "results/m0.json").read_text()) == {"slope": -0.5, "rmse_k1": 0.5}
+    reproduce(session)  # done once: not run again
+    assert "reruns it" in " ".join(session.state.worklog)
+    assert sum("reruns it" in line for line in session.state.worklog) == 1
+
+
+def test_reproduction_turned_off_or_out_of_time_is_said(tmp_path, prefect_api):
+    off = open_session(tmp_path / "off", "    reproduce_minutes: 0\n")
+    try:
+        planned(off)
+        n = attempt(off, MEASURE, "R1", 0)
+        judged(off, {"C1": n, "C2": n, "C3": n})
+        reproduce(off)
+        assert off.state.attempts[n - 1].reproduction.status == "SKIPPED"
+        assert "turned off" in off.state.attempts[n - 1].reproduction.detail
+        write(off, "REPORT.md", "# Report\n\nText.\n")
+        stamp_report(off)
+        assert "Reproduction by the engine: turned off" in (off.ws.root / "REPORT.md").read_text()
+    finally:
+        off.close()
+
+    short = open_session(tmp_path / "short", "    reproduce_minutes: 0.03\n")  # 1.8 s
+    try:
+        planned(short)
+        slow = "import time\ntime.sleep(3)\n" + MEASURE
+        n = attempt(short, slow, "R1", 0)
+        judged(short, {"C1": n, "C2": n, "C3": n})
+        reproduce(short)
+        record = short.state.attempts[n - 1].reproduction
+        assert record.status == "SKIPPED" and "time for reproduction ran out" in record.detail, record
+    finally:
+        short.close()
+
+
+@pytest.mark.skipif(bubblewrap() is None, reason="needs bubblewrap: unsandboxed, a rerun runs in its copy but "
+                    "could write the workspace by its absolute path")
+def test_a_rerun_cannot_write_the_workspace_by_its_absolute_path(session):
+    planned(session)
+    log = session.ws.root / "results" / "runs.log"
+    n = attempt(session, MEASURE + f"open({str(log)!r}, 'a').write('ran\\n')\n", "R1", 0)
+    judged(session, {"C1": n, "C2": n, "C3": n})
+    reproduce(session)
+    assert session.state.attempts[n - 1].reproduction.status == "REPRODUCED"
+    assert log.read_text() == "ran\n"
