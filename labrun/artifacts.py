@@ -31,7 +31,7 @@ log = logging.getLogger("labrun")
 DEFAULT_INTERVAL_S = 2.0
 CELL_CHARS = 300
 ATTEMPT_COLUMNS = ("attempt", "phase", "status", "command", "exit code", "duration (s)",
-                   "error", "fix applied", "metrics")
+                   "error", "fix applied", "metrics", "engine's rerun")
 USAGE_COLUMNS = ("phase", "status", "runs", "input tokens", "output tokens",
                  "cache read tokens", "cache write tokens", "cost (USD)")
 
@@ -55,8 +55,9 @@ def attempts_table(report: dict[str, Any]) -> dict[str, list[Any]]:
     table: dict[str, list[Any]] = {c: [] for c in ATTEMPT_COLUMNS}
     for a in report["attempts"]:
         metrics = ", ".join(f"{k}={v}" for k, v in (a["metrics"] or {}).items())
+        rerun = a["reproduction"]
         row = (a["n"], a["phase"], a["status"], a["command"], a["exit_code"], a["duration_s"],
-               a["error"], a["fix_applied"], metrics)
+               a["error"], a["fix_applied"], metrics, f"{rerun['status']}: {rerun['detail']}" if rerun else None)
         for column, value in zip(ATTEMPT_COLUMNS, row):
             table[column].append(_cell(value))
     return table

@@ -219,6 +219,28 @@ def _phase_names(value: Any) -> Any:
     return value
 
 
+def _inside_path(value: Any) -> Any:
+    if isinstance(value, str) and (value.startswith("/") or ".." in Path(value).parts or not value.strip()):
+        raise ValueError("must be a path inside the workspace (relative, without '..')")
+    return value
+
+
+class SealedEvaluation(_Section):
+    """labrun's: a scorer and held-out data that the agent never sees; the engine scores the
+    artifact with them after the experiments (`labrun.sealed`)."""
+
+    scorer: str
+    """A program (`.py` runs with the workspace's `.venv` Python, else `python3`), relative to
+    the idea file or absolute, outside the workspace. It is run as `scorer ARTIFACT DATA
+    SCORE_JSON` and writes its scores, a JSON object of numbers, to SCORE_JSON."""
+    data: str | None = None
+    """The held-out data, a file or a folder, relative to the idea file or absolute."""
+    artifact: Annotated[str, BeforeValidator(_inside_path)]
+    """The workspace file the scorer reads (predictions, a model file)."""
+    description: str | None = None
+    """What the artifact must hold, for the agent."""
+
+
 class Metadata(_Section):
     author: str | None = None
     created_at: Annotated[str, BeforeValidator(_date_as_text)] | None = None
@@ -245,6 +267,7 @@ class Idea(_Section):
     evaluation_criteria: list[str] | None = Field(default=None, min_length=1)
     metadata: Metadata | None = None
     comments: str | None = None
+    sealed_evaluation: SealedEvaluation | None = None  # labrun's
 
     _path: str | None = PrivateAttr(default=None)
     _content_hash: str = PrivateAttr(default="")
@@ -307,7 +330,8 @@ class Idea(_Section):
 
     def as_prompt_dict(self) -> dict[str, Any]:
         """The idea as plain data (str, numbers, lists, dicts) for prompt templates; no None."""
-        return self.model_dump(mode="json", exclude_none=True)
+        return self.model_dump(mode="json", exclude_none=True,
+                               exclude={"sealed_evaluation": {"scorer", "data"}})  # where they are is not the agent's
 
 
 class _IdeaFile(BaseModel):

@@ -45,6 +45,7 @@ import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Iterable
 
 from labrun.egress import BRIDGE_PORT, PROXY_URL, PROXY_VARIABLES
 
@@ -107,6 +108,12 @@ class Sandbox:
     """The egress proxy's Unix socket: with `network`, the one way out."""
     no_proxy: str = "localhost,127.0.0.1,::1"
     """What goes to the sandbox's own loopback, not to the proxy (NO_PROXY)."""
+    hidden: tuple[Path, ...] = ()
+    """Files and folders covered up besides `hidden_paths()` (a sealed evaluation's, and the
+    folder of its scorer's run in `.labrun/`)."""
+    shown: tuple[tuple[Path, Path], ...] = ()
+    """(file or folder, where) shown read-only at a path of its own (the sealed scorer and its
+    data, to the scorer's run alone)."""
     mounted_from: Path | None = None
     """The folder shown at the workspace's path instead of the workspace (a reproduction's
     rebuilt copy: the command sees the paths it saw, and the workspace is out of its reach)."""
@@ -122,8 +129,7 @@ class Sandbox:
         for device in sorted(d for pattern in GPU_DEVICES for d in glob.glob(pattern)):
             args += ["--dev-bind", device, device]
         args += ["--proc", "/proc", "--tmpfs", "/run"]
-        for path in hidden_paths():  # before the workspace, which may lie in one of them
-            args += ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
+        args += cover(hidden_paths())  # before the workspace, which may lie in one of them
         # /tmp before the workspace, which may lie under /tmp itself.
         args += ["--bind", str(self.tmp), "/tmp", "--ro-bind", sys.base_prefix, sys.base_prefix,
                  "--bind", str(self.mounted_from or self.workspace), str(self.workspace)]
@@ -133,6 +139,10 @@ class Sandbox:
         for path in (*self.writable, *([self.cache] if self.cache else [])):
             path.mkdir(parents=True, exist_ok=True)
             args += ["--bind", str(path), str(path)]
+        # After the workspace, which may hold one of them; the rest of /tmp is not in the sandbox's own.
+        args += cover(p for p in self.hidden if Path("/tmp") not in p.parents or self.workspace in p.parents)
+        for source, where in self.shown:
+            args += ["--ro-bind", str(source), str(where)]
         args += ["--setenv", "TMPDIR", "/tmp"]
         if self.cache:
             args += ["--setenv", "HOME", str(self.cache / "home")]
@@ -144,6 +154,15 @@ class Sandbox:
             args += ["--ro-bind", str(self.egress), EGRESS_SOCKET, *proxy_variables(self.no_proxy)]
             before = bridge(EGRESS_SOCKET)
         return [*args, "--chdir", str(self.workspace), "--", *watched(argv, lifeline, before)]
+
+
+def cover(paths: Iterable[Path]) -> list[str]:
+    """bwrap's arguments that cover up `paths`: a folder by an empty one, a file by an empty
+    file."""
+    args = []
+    for path in paths:
+        args += ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
+    return args
 
 
 def proxy_variables(no_proxy: str) -> list[str]:
@@ -173,12 +192,14 @@ def watched(argv: list[str], lifeline: int, before: str = "") -> list[str]:
     return ["bash", "-c", script, "labrun-lifeline", *argv]
 
 
-def in_pid_namespace(argv: list[str], lifeline: int) -> list[str]:
-    """`argv` in a PID namespace of its own that ends with the lifeline (needs `bubblewrap()`)."""
-    return [bubblewrap(), *PID_NAMESPACE, "--", *watched(argv, lifeline)]
+def in_pid_namespace(argv: list[str], lifeline: int, hidden: tuple[Path, ...] = ()) -> list[str]:
+    """`argv` in a PID namespace of its own that ends with the lifeline (needs `bubblewrap()`);
+    `hidden`: what it may not see (a sealed evaluation's files; the CLI's own login, among
+    the credential stores, it needs)."""
+    return [bubblewrap(), *PID_NAMESPACE, *cover(hidden), "--", *watched(argv, lifeline)]
 
 
-def in_network_namespace(argv: list[str], lifeline: int, egress: Path) -> list[str]:
+def in_network_namespace(argv: list[str], lifeline: int, egress: Path, hidden: tuple[Path, ...] = ()) -> list[str]:
     """`argv` in a network namespace of its own whose one way out is the egress proxy at
     `egress`, the file system as it is: for a CLI that confines its commands itself but would
     give them the machine's loopback (Codex, whose sandbox does not nest in a PID namespace of
@@ -186,7 +207,8 @@ def in_network_namespace(argv: list[str], lifeline: int, egress: Path) -> list[s
     for good). No NO_PROXY, so that its calls to the endpoints the engine named on the
     loopback (its API, labrun's MCP server) go through the proxy too. With no PID namespace
     to end it, the bridge goes when the lifeline closes; the CLI has its parent-death signal."""
-    return [bubblewrap(), "--dev-bind", "/", "/", "--unshare-net", "--die-with-parent", *proxy_variables(""), "--",
+    return [bubblewrap(), "--dev-bind", "/", "/", "--unshare-net", "--die-with-parent", *cover(hidden),
+            *proxy_variables(""), "--",
             "bash", "-c", f'{bridge(str(egress), lifeline)}exec "$@" {lifeline}<&-', "labrun-netns", *argv]
 
 

@@ -19,6 +19,7 @@ from labrun.keys import Key, pass_env_names, session_keys, unset
 from labrun.plan import Plan
 from labrun.egress import EgressProxy
 from labrun.sandbox import Sandbox, bubblewrap
+from labrun.sealed import hidden, seal
 from labrun.secrets import declare
 from labrun.snapshot import changed, entry_digest
 from labrun.usage import Budget, Usage
@@ -101,6 +102,8 @@ class Session:
                     f"{ws.root} already holds a session of another idea ({state.idea_path}); "
                     "use a new --workspace, or `labrun resume` to continue that one"
                 )
+        # Checked before anything is written: a sealed evaluation that cannot be kept sealed.
+        sealed = seal(idea, Path(idea_path), ws.root) if idea is not None and not ws.state_file.exists() else None
         ws.root.mkdir(parents=True, exist_ok=True)
         ws.lock()
         try:
@@ -135,6 +138,7 @@ class Session:
                     plan=Plan.for_criteria(idea.evaluation_criteria),
                     network=network is not False,
                     pass_env=pass_env,
+                    sealed=sealed,
                 )
                 store = StateStore(ws, state)
                 session = cls(ws, store, idea)
@@ -392,7 +396,7 @@ class Session:
                     self._egress.start()
                 egress = self._egress.socket
         return Sandbox(self.ws.root, self.ws.data / "sandbox" / "tmp", (self.ws.data,), network,
-                       cache=self.ws.data / "cache", egress=egress)
+                       cache=self.ws.data / "cache", egress=egress, hidden=hidden(self.state.sealed, self.ws.sealed))
 
     @property
     def time_limit_s(self) -> int:

@@ -64,6 +64,31 @@ class Reproduction(BaseModel):
     log: str | None = None
 
 
+class SealedScore(BaseModel):
+    """The engine's scoring of the artifact with a sealed evaluation (`labrun.sealed`)."""
+
+    status: Literal["SCORED", "FAILED", "REFUSED"]
+    detail: str
+    scores: dict[str, float | int | str | None] = Field(default_factory=dict)
+    artifact_digest: str | None = None
+    """The artifact as scored (a new artifact is scored again)."""
+    log: str | None = None
+    at: str = Field(default_factory=now)
+
+
+class Sealed(BaseModel):
+    """A sealed evaluation as the session found it when it started: its files, outside the
+    workspace, hidden from the agent's commands, and their digests then."""
+
+    scorer: str
+    data: str | None = None
+    artifact: str
+    """The workspace file it scores."""
+    digests: dict[str, str]
+    """Path → digest when the session started: a change since is refused."""
+    score: SealedScore | None = None
+
+
 class Attempt(BaseModel):
     n: int
     phase: str
@@ -163,6 +188,8 @@ class SessionState(BaseModel):
     plan: Plan = Field(default_factory=Plan)
     """The run list, the evaluation criteria and their coverage (`labrun.plan`)."""
     last_run: FlowRunRecord | None = None
+    sealed: Sealed | None = None
+    """The idea's sealed evaluation, if it names one (`labrun.sealed`)."""
     branches: list[Branch] = Field(default_factory=list)
     """Empty until the first `labrun rerun`; then every branch, the current one last."""
 

@@ -50,6 +50,7 @@ def session_status(root: Path) -> dict[str, Any]:
              "reproduction": a.reproduction.model_dump() if a.reproduction else None}
             for a in state.attempts
         ],
+        "sealed_evaluation": state.sealed.model_dump(exclude={"digests"}) if state.sealed else None,
         "plan": plan_summary(state.plan, state.live_attempts(), ws.root),
         "usage": total.model_dump(),
         "notes": [note] if note else [],

@@ -59,6 +59,11 @@ class Workspace:
         """Copies of the files the attempts started from, by digest (`snapshot.keep_copies`)."""
         return self.data / "kept"
 
+    @property
+    def sealed(self) -> Path:
+        """The folder of the sealed scorer's run (`phases.sealed_scoring`), hidden from the agent."""
+        return self.data / "sealed"
+
     def phase_dir(self, key: str) -> Path:
         return self.data / "phases" / key
 

@@ -21,13 +21,16 @@ from labrun.session import Session
 from labrun.snapshot import workspace_files
 from labrun.phases import BY_KEY, Phase
 from labrun.phases.attempts import start_attempt
-from labrun.phases.reproduction import reproduce, stamp_report
+from labrun.phases.report_header import stamp_report
+from labrun.phases.reproduction import reproduce
+from labrun.phases.sealed_scoring import score_sealed
 from labrun.tools import ToolBox
 
 
-ENGINE_STEPS = {"experiments": reproduce, "documentation": stamp_report}
+ENGINE_STEPS = {"experiments": (reproduce, score_sealed), "documentation": (stamp_report,)}
 """What the engine does itself once the agent has completed a phase, before its outputs are
-recorded: it reruns the attempts behind met criteria, and heads REPORT.md with the outcome."""
+recorded: it reruns the attempts behind met criteria and scores the sealed evaluation's
+artifact, and heads REPORT.md with the outcome."""
 
 
 def phase_version(key: str) -> str:
@@ -114,8 +117,8 @@ def run_phase(session_id: str, workspace: str, phase_key: str, number: int, vers
         agent = make_agent(session.state.agent, session.state.model, session.ws.root)
         agent.run_phase(toolbox(session, phase), convo, start["text"], session.max_turns(phase), session.budget())
     completion = convo.completion()
-    if phase_key in ENGINE_STEPS:
-        ENGINE_STEPS[phase_key](session)
+    for step in ENGINE_STEPS.get(phase_key, ()):
+        step(session)
 
     files_now = workspace_files(session.ws.root)
     manifest = {

@@ -23,7 +23,7 @@ metrics came out the same.
   eagerly; a kill during one reruns it from a fresh copy on resume.
 
 The outcome is in the attempt's record (STATE.md, `labrun status --json`) and at the top of
-REPORT.md (`stamp_report`), whatever it is.
+REPORT.md (`phases.report_header`), whatever it is.
 """
 
 from __future__ import annotations
@@ -40,13 +40,12 @@ from prefect.transactions import CommitMode, transaction
 
 from labrun.commands import run_command
 from labrun.crashpoints import crashpoint
-from labrun.evidence import CITED, ENGINE_BLOCK
+from labrun.evidence import CITED
 from labrun.sandbox import bubblewrap
 from labrun.session import Session
 from labrun.snapshot import ENVIRONMENT_NAMES, SKIPPED_NAMES, entry_digest
 from labrun.state import Attempt, Reproduction
 from labrun.tools import parse_metrics
-from labrun.workspace import write_atomic
 
 DEFAULT_MINUTES = 60.0
 DEFAULT_TOLERANCE = 1e-3
@@ -196,37 +195,20 @@ def compare(recorded: dict[str, Any], rerun: dict[str, Any], tolerance: float) -
     return found
 
 
-def report_header(session: Session) -> str:
-    """The engine's account of the reproduction, for the top of REPORT.md."""
+def reproduction_lines(session: Session) -> list[str]:
+    """REPORT.md's header on the reproduction."""
     minutes, tolerance = settings(session)
-    lines = ["<!-- labrun:reproduction -->"]
     rerun = [a for a in backing_attempts(session) if a.reproduction]
     if minutes == 0:
-        lines.append("> **Reproduction by the engine: turned off** (`constraints.reproduce_minutes: 0`); "
-                     "no result in this report was run again.")
-    elif not rerun:
-        lines.append("> **Reproduction by the engine:** no criterion was judged met on a successful attempt, "
-                     "so there was nothing to run again.")
-    else:
-        counts = {s: sum(a.reproduction.status == s for a in rerun) for s in ("REPRODUCED", "DIVERGED", "SKIPPED")}
-        said = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
-        lines.append(f"> **Reproduction by the engine: {said}.** The engine ran again each attempt that a "
-                     "criterion judged met cites, in a fresh sandbox from the files as that attempt found them, "
-                     f"and compared its metrics (relative tolerance {tolerance:g}).")
-        lines.append(">")
-        lines += [f"> - attempt {a.n}{f' ({a.run_id})' if a.run_id else ''}: **{a.reproduction.status}**, "
-                  f"{a.reproduction.detail}" for a in rerun]
-    lines.append("<!-- /labrun:reproduction -->")
-    return "\n".join(lines) + "\n\n"
-
-
-def stamp_report(session: Session) -> None:
-    """REPORT.md begins with the engine's header (the documentation phase's `finish`),
-    after its title when it has one; an earlier header is replaced."""
-    path = session.ws.root / "REPORT.md"
-    if not path.is_file():
-        return
-    text = ENGINE_BLOCK.sub("", path.read_text(errors="replace")).lstrip("\n")
-    title, rest = (text.split("\n", 1) + [""])[:2] if text.startswith("# ") else ("", text)
-    head = f"{title}\n\n" if title else ""
-    write_atomic(path, head + report_header(session) + rest.lstrip("\n"))
+        return ["> **Reproduction by the engine: turned off** (`constraints.reproduce_minutes: 0`); "
+                "no result in this report was run again."]
+    if not rerun:
+        return ["> **Reproduction by the engine:** no criterion was judged met on a successful attempt, "
+                "so there was nothing to run again."]
+    counts = {s: sum(a.reproduction.status == s for a in rerun) for s in ("REPRODUCED", "DIVERGED", "SKIPPED")}
+    said = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
+    return [f"> **Reproduction by the engine: {said}.** The engine ran again each attempt that a criterion "
+            "judged met cites, in a fresh sandbox from the files as that attempt found them, and compared its "
+            f"metrics (relative tolerance {tolerance:g}).", ">",
+            *(f"> - attempt {a.n}{f' ({a.run_id})' if a.run_id else ''}: **{a.reproduction.status}**, "
+              f"{a.reproduction.detail}" for a in rerun)]

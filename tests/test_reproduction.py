@@ -17,7 +17,9 @@ from labrun.sandbox import bubblewrap
 from support import DEMO_IDEA
 from test_rule_gaming import MEASURE, call, planned, write
 
-from labrun.phases.reproduction import reproduce, stamp_report
+from labrun.artifacts import attempts_table
+from labrun.phases.reproduction import reproduce
+from labrun.phases.report_header import stamp_report
 from labrun.session import Session
 from labrun.status import session_status
 
@@ -79,16 +81,19 @@ def test_an_unseeded_draw_diverges_and_a_seeded_one_reproduces(session):
     state_md = session.ws.state_md.read_text()
     assert f"- Reproduction: **DIVERGED**, {again[unseeded].detail}" in state_md
     assert "- Reproduction: **REPRODUCED**, 2 metrics the same, within a relative 0.001" in state_md
-    shown = {a["n"]: a["reproduction"]["status"] for a in session_status(session.ws.root)["attempts"]}
-    assert shown == {seeded: "REPRODUCED", unseeded: "DIVERGED"}
+    report = session_status(session.ws.root)
+    assert {a["n"]: a["reproduction"]["status"] for a in report["attempts"]} == \
+        {seeded: "REPRODUCED", unseeded: "DIVERGED"}
+    reruns = attempts_table(report)["engine's rerun"]  # the UI's attempts artifact
+    assert reruns[seeded - 1].startswith("REPRODUCED: ") and reruns[unseeded - 1].startswith("DIVERGED: ")
 
     write(session, "REPORT.md", "# Report\n\nThe slope came out near -0.5.\n")
     stamp_report(session)
     stamp_report(session)  # a second stamp replaces the first
     report = (session.ws.root / "REPORT.md").read_text()
-    assert report.startswith("# Report\n\n<!-- labrun:reproduction -->\n> **Reproduction by the engine: "
+    assert report.startswith("# Report\n\n<!-- labrun:checks -->\n> **Reproduction by the engine: "
                              "1 REPRODUCED, 1 DIVERGED.**"), report
-    assert report.count("labrun:reproduction -->") == 2
+    assert report.count("labrun:checks -->") == 2
     assert f"- attempt {unseeded} (R2): **DIVERGED**" in report
     assert report.endswith("The slope came out near -0.5.\n")
 

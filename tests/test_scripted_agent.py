@@ -28,7 +28,7 @@ def test_every_idea_completes_with_honest_verdicts(idea: Path, tmp_path):
     (run,) = status["plan"]["runs"]
     assert run["criteria"] == [c["id"] for c in criteria] and run["state"] == "done"  # it serves the idea's own
     report = (ws / "REPORT.md").read_text()
-    header, _, body = report.partition("<!-- /labrun:reproduction -->\n\n")  # the engine's, under the title
+    header, _, body = report.partition("<!-- /labrun:checks -->\n\n")  # the engine's, under the title
     if idea == DEMO_IDEA:  # its own study: judged from what R1 measured, citing the attempt
         assert [c["status"] for c in criteria] == ["met", "met", "met"]
         assert all("attempt #2" in c["note"] for c in criteria)

@@ -399,9 +399,11 @@ class CliAgent:
         out = Outcome()
         stderr_path = transcript.with_suffix(".stderr")
         env = self.environment(plan)
-        namespace = self.needs_namespace(env) and pid_namespaces()
         sandboxed = self.in_sandbox and plan.sandbox is not None and bubblewrap() is not None
         egress = self.egress(plan)
+        hidden = plan.sandbox.hidden if plan.sandbox is not None else ()  # a sealed evaluation's files
+        namespace = (self.needs_namespace(env) and pid_namespaces()) or bool(
+            hidden and not sandboxed and egress is None and bubblewrap())
         lifeline = Lifeline() if namespace or sandboxed or egress else None
         secrets = Secrets({k: env.pop(k) for k in list(env) if k in declared or is_secret_name(k)}) if sandboxed else None
         if (sandboxed or egress) and plan.sandbox.egress is not None:
@@ -410,7 +412,7 @@ class CliAgent:
         try:
             with open(stderr_path, "wb") as stderr:
                 proc = spawn(argv, cwd=toolbox.root, env=env, stderr=stderr, namespace=namespace, lifeline=lifeline,
-                             keep=(secrets.fd,) if secrets else (), egress=egress)
+                             keep=(secrets.fd,) if secrets else (), egress=egress, hidden=hidden)
         finally:
             if secrets:
                 secrets.close()
@@ -810,19 +812,20 @@ def _die_with_engine() -> None:
 
 
 def spawn(argv: list[str], cwd: Path, env: dict[str, str], stderr, namespace: bool = False,
-          lifeline: Lifeline | None = None, keep: tuple[int, ...] = (), egress: Path | None = None
-          ) -> subprocess.Popen:
+          lifeline: Lifeline | None = None, keep: tuple[int, ...] = (), egress: Path | None = None,
+          hidden: tuple[Path, ...] = ()) -> subprocess.Popen:
     """Start a CLI run tied to the engine: with a parent-death signal, and when asked for
     (`pid_namespaces()`) in a PID namespace that ends with the lifeline (`labrun.sandbox.watched`).
     It stays in the engine's process group, so a kill of that group reaches it too.
     `argv` may be a sandbox on the same lifeline; `keep`, descriptors it gets besides; with
-    `egress`, in a network namespace whose one way out is that proxy (`in_network_namespace`)."""
+    `egress`, in a network namespace whose one way out is that proxy (`in_network_namespace`);
+    either covers up `hidden`."""
     if namespace:
         assert lifeline is not None, "a PID namespace needs its lifeline"
-        argv = in_pid_namespace(argv, lifeline.fd)
+        argv = in_pid_namespace(argv, lifeline.fd, hidden)
     elif egress is not None:
         assert lifeline is not None, "the network namespace's bridge needs its lifeline"
-        argv = in_network_namespace(argv, lifeline.fd, egress)
+        argv = in_network_namespace(argv, lifeline.fd, egress, hidden)
     _prctl()  # resolved here, not in the forked child
     if lifeline:
         return lifeline.popen(argv, keep, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -18,8 +18,11 @@ def cmd_check(args) -> int:
     from labrun.phases import phase_list
     from labrun.prompts import guidance_domain, layers
 
+    from labrun.sealed import seal
+
     try:
         idea = load_idea(args.idea)
+        seal(idea, Path(args.idea), None)
     except IdeaError as e:
         for problem in e.problems:
             err.print(problem)
@@ -30,6 +33,7 @@ def cmd_check(args) -> int:
     agent_budget = f"${idea.agent_budget_usd:g}" if idea.agent_budget_usd is not None else "none (--budget-usd sets one)"
     extra = f" · with {', '.join(idea.with_phases)}" if idea.with_phases else ""
     extra += f" · paper style {idea.paper_style}" if idea.paper_style else ""
+    extra += f" · sealed evaluation of {idea.sealed_evaluation.artifact}" if idea.sealed_evaluation else ""
     console.print(f"{args.idea}: valid · {idea.title} · domain {idea.domain} "
                   f"(guidance: {guidance_domain(idea.guidance_domain)}) · experiments' budget {budget} "
                   f"· agent's budget {agent_budget}{extra}", markup=False)

@@ -72,6 +72,13 @@ def cmd_run(args) -> int:
         console.print(f"{args.workspace} holds a session of this idea: resuming it.")
     elif root.exists() and any(root.iterdir()):
         console.print(f"[yellow]note:[/yellow] {args.workspace} is not empty; the agent will work beside what is there.")
+    if stored is None:
+        from labrun.sealed import seal
+
+        try:
+            seal(idea, Path(args.idea), root.resolve())  # a sealed evaluation that cannot be kept sealed
+        except IdeaError as e:
+            raise CliError(str(e)) from None
     agent = args.agent or (DEFAULT_AGENT if stored is None else None)  # a resumed one keeps its own
     with_phases = tuple(phase_options(args.with_phases, args.paper_style, idea.with_phases))
     return run_session(Run(args.idea, args.workspace, agent, args.model, args.budget_usd, args.max_turns,

@@ -1,0 +1,81 @@
+"""A sealed evaluation: a scorer and held-out data that an idea names (`sealed_evaluation`),
+kept outside the workspace, hidden from every command of the agent and never in a prompt,
+and run by the engine on the artifact the experiments wrote (`phases.sealed_scoring`).
+
+When a session starts, the sealed files are found (relative to the idea file), checked to
+lie outside the workspace, and their digests recorded; a change to them later is refused
+at scoring time. Hiding them needs bubblewrap: without it, a session that names a sealed
+evaluation does not start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from labrun.idea import Idea, IdeaError
+from labrun.sandbox import HOW_TO_INSTALL, bubblewrap
+from labrun.state import Sealed
+
+
+def digest(path: Path) -> str:
+    """sha256 of a file, or of a folder's files (their paths and contents); "missing" when gone."""
+    h = hashlib.sha256()
+    if path.is_file():
+        h.update(path.read_bytes())
+    elif path.is_dir():
+        for folder, names, files in os.walk(path):
+            names.sort()
+            for name in sorted(files):
+                full = Path(folder) / name
+                h.update(f"{full.relative_to(path)}\0".encode())
+                h.update(hashlib.sha256(full.read_bytes()).digest())
+    else:
+        return "missing"
+    return h.hexdigest()
+
+
+def seal(idea: Idea, idea_path: Path, workspace: Path | None) -> Sealed | None:
+    """The sealed evaluation a new session of `idea` in `workspace` starts with (None if it
+    names none; `workspace` None: any). An `IdeaError` naming the field says why it cannot
+    be used."""
+    wanted = idea.sealed_evaluation
+    if wanted is None:
+        return None
+    where = str(idea_path)
+    files = {}
+    for field, value in (("scorer", wanted.scorer), ("data", wanted.data)):
+        if value is None:
+            continue
+        path = (Path(idea_path).resolve().parent / Path(value).expanduser()).resolve()
+        if not path.exists() or (field == "scorer" and not path.is_file()):
+            raise IdeaError(where, [f"{where}: sealed_evaluation.{field}: {path} is not there"
+                                    f"{'' if field == 'data' else ' (a file)'}"])
+        if workspace is not None and (path == workspace or workspace in path.parents or path in workspace.parents):
+            raise IdeaError(where, [f"{where}: sealed_evaluation.{field}: {path} must lie outside the workspace "
+                                    f"({workspace}), which the agent reads"])
+        files[field] = path
+    if bubblewrap() is None:
+        raise IdeaError(where, [f"{where}: sealed_evaluation needs bubblewrap to hide the scorer and its data "
+                                f"from the agent's commands; {HOW_TO_INSTALL}"])
+    return Sealed(scorer=str(files["scorer"]), data=str(files["data"]) if "data" in files else None,
+                  artifact=wanted.artifact, digests={str(p): digest(p) for p in files.values()})
+
+
+def hidden(sealed: Sealed | None, scoring: Path) -> tuple[Path, ...]:
+    """What the agent's sandboxes cover up: the sealed files, and `scoring`, the folder of the
+    scorer's run (its log may echo the held-out data), made here if need be."""
+    if sealed is None:
+        return ()
+    scoring.mkdir(parents=True, exist_ok=True)
+    return (*(Path(p) for p in (sealed.scorer, sealed.data) if p), scoring)
+
+
+def tampered(sealed: Sealed) -> str | None:
+    """What changed among the sealed files since the session started, in one line; None if nothing."""
+    changed = [p for p, d in sealed.digests.items() if digest(Path(p)) != d]
+    if not changed:
+        return None
+    return (f"{', '.join(changed)} changed since the session started; the score is not recorded (restore "
+            "the sealed files, or start a new session)")

@@ -1,0 +1,32 @@
+"""REPORT.md's header: the engine's own account of its checks of the results (the
+reproduction, the sealed evaluation), written under the report's title when the
+documentation phase completes, whatever the agent wrote. It stands between
+`<!-- labrun:checks -->` markers; the numbers rule reads past it, and a new stamp replaces it.
+"""
+
+from __future__ import annotations
+
+from labrun.evidence import ENGINE_BLOCK
+from labrun.session import Session
+from labrun.workspace import write_atomic
+from labrun.phases.reproduction import reproduction_lines
+from labrun.phases.sealed_scoring import sealed_line
+
+
+def report_header(session: Session) -> str:
+    lines = ["<!-- labrun:checks -->", *reproduction_lines(session)]
+    if (sealed := sealed_line(session)) is not None:
+        lines += [">", sealed]
+    return "\n".join([*lines, "<!-- /labrun:checks -->"]) + "\n\n"
+
+
+def stamp_report(session: Session) -> None:
+    """REPORT.md begins with the engine's header (the documentation phase's engine step),
+    after its title when it has one; an earlier header is replaced."""
+    path = session.ws.root / "REPORT.md"
+    if not path.is_file():
+        return
+    text = ENGINE_BLOCK.sub("", path.read_text(errors="replace")).lstrip("\n")
+    title, rest = (text.split("\n", 1) + [""])[:2] if text.startswith("# ") else ("", text)
+    head = f"{title}\n\n" if title else ""
+    write_atomic(path, head + report_header(session) + rest.lstrip("\n"))

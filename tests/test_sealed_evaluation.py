@@ -1,0 +1,197 @@
+"""Sealed evaluation: a scorer and held-out data that the idea names, outside the workspace,
+hidden from every command of the agent, run by the engine on the artifact the experiments
+wrote, and refused when changed during the session.
+
+The sealed files lie under /var/tmp, not /tmp: the sandbox's /tmp is its own, so a file
+under the machine's /tmp would be out of sight whether it is covered up or not. Each probe
+is first shown to work outside the sandbox.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import psutil
+import pytest
+
+from support import DEMO_IDEA, labrun, wait_for
+from test_rule_gaming import call, planned, write
+
+from labrun.idea import IdeaError
+from labrun.phases.report_header import stamp_report
+from labrun.phases.sealed_scoring import score_sealed
+from labrun.prompts import phase_system_prompt
+from labrun.sandbox import Lifeline, bubblewrap, in_network_namespace, in_pid_namespace
+from labrun.session import Session
+from labrun.status import session_status
+
+pytestmark = pytest.mark.skipif(bubblewrap() is None, reason="a sealed evaluation needs bubblewrap to hide it")
+
+SECRET = "held-out-label-7f3a"
+SCORER = """import json, sys
+artifact, data, out = sys.argv[1:4]
+truth = open(data + '/labels.txt').read().split()
+guess = open(artifact).read().split()
+print('truth:', *truth)  # its log echoes the held-out data
+json.dump({'accuracy': sum(a == b for a, b in zip(truth, guess)) / len(truth)}, open(out, 'w'))
+"""
+SEALED = """  sealed_evaluation:
+    scorer: eval/score.py
+    data: eval/heldout
+    artifact: results/predictions.txt
+    description: "one predicted label per line, in the order of the held-out items"
+"""
+
+
+@pytest.fixture
+def sealed_dir():
+    """An idea with a sealed evaluation, beside its scorer and held-out data, outside /tmp."""
+    root = Path(tempfile.mkdtemp(prefix="labrun-sealed-", dir="/var/tmp"))
+    (root / "eval/heldout").mkdir(parents=True)
+    (root / "eval/score.py").write_text(SCORER)
+    (root / "eval/heldout/labels.txt").write_text(f"a b a {SECRET}\n")
+    text = DEMO_IDEA.read_text()
+    (root / "idea.yaml").write_text(text.replace("  constraints:\n", SEALED + "  constraints:\n", 1))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def session(sealed_dir, tmp_path, prefect_api):
+    s = Session.open(tmp_path / "ws", sealed_dir / "idea.yaml", "scripted")
+    (s.ws.root / "results").mkdir()
+    yield s
+    s.close()
+
+
+def predicted(session, labels: str = "a b b x") -> None:
+    """The experiments: an attempt that writes the artifact, then verdicts."""
+    planned(session)
+    write(session, "src/predict.py", f"open('results/predictions.txt', 'w').write({labels!r})\n"
+                                     "import json; json.dump({'n': 4}, open('results/m0.json', 'w'))\n")
+    done = call(session, "experiments", "run_experiment", command="python3 src/predict.py", purpose="predict",
+                run_id="R1", metrics_file="results/m0.json")
+    assert "SUCCESS" in done.content, done.content
+    finished = call(session, "experiments", "complete_phase", summary="done",
+                    sections={"experiment_results": "R1 wrote the predictions"},
+                    deviations=[{"id": "R2", "reason": "R1 covers it"}],
+                    criteria=[{"id": c, "status": "unmet", "note": "scored by the sealed scorer"}
+                              for c in ("C1", "C2", "C3")])
+    assert not finished.is_error, finished.content
+
+
+def test_the_agents_commands_cannot_read_the_scorer_or_the_held_out_data(session, sealed_dir):
+    scorer, labels = sealed_dir / "eval/score.py", sealed_dir / "eval/heldout/labels.txt"
+    probe = f"cat {scorer} {labels}; ls {sealed_dir}/eval/heldout; grep -rl {SECRET} {sealed_dir} .labrun"
+    outside = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, cwd=session.ws.root)
+    assert SECRET in outside.stdout and "accuracy" in outside.stdout  # the probe works outside the sandbox
+
+    seen = call(session, "setup", "bash", command=probe).content
+    assert SECRET not in seen and "accuracy" not in seen, seen
+    write(session, "src/peek.py", f"import subprocess; subprocess.run({probe!r}, shell=True)\n")
+    call(session, "experiments", "run_experiment", command="python3 src/peek.py", purpose="peek")
+    log = (session.ws.root / session.state.attempts[-1].log).read_text()
+    assert SECRET not in log and "accuracy" not in log, log
+
+    # a coding CLI's own namespace (Codex's and Claude Code's, Gemini's PID namespace) covers them too
+    for wrap in (lambda argv, fd: in_pid_namespace(argv, fd, session.sandbox().hidden),
+                 lambda argv, fd: in_network_namespace(argv, fd, session.sandbox(network=True).egress,
+                                                       session.sandbox().hidden)):
+        lifeline = Lifeline()
+        proc = lifeline.popen(wrap(["bash", "-c", probe], lifeline.fd), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+        out = proc.communicate(timeout=60)[0]
+        lifeline.cut()
+        assert SECRET not in out and "accuracy" not in out, out
+
+    prompt = phase_system_prompt(session, "experiments")
+    assert "results/predictions.txt" in prompt and "one predicted label per line" in prompt
+    assert str(sealed_dir) not in prompt and "heldout" not in prompt and SECRET not in prompt
+
+
+def test_the_engine_scores_the_artifact_and_records_it_beside_the_agents_numbers(session, sealed_dir):
+    predicted(session)
+    score_sealed(session)
+    score = session.state.sealed.score
+    assert (score.status, score.scores) == ("SCORED", {"accuracy": 0.5}), score
+    assert "**SCORED**, results/predictions.txt: accuracy=0.5" in session.ws.state_md.read_text()
+    assert session_status(session.ws.root)["sealed_evaluation"]["score"]["scores"] == {"accuracy": 0.5}
+    score_sealed(session)  # the same artifact: not scored again
+    assert sum("sealed scoring started" in line or "sealed scoring of" in line
+               for line in session.state.worklog) == 1
+    write(session, "REPORT.md", "# Report\n\nPredictions written.\n")
+    stamp_report(session)
+    assert "> **Sealed evaluation: SCORED**, by the engine with the idea's scorer and held-out data, which the " \
+           "agent never saw: results/predictions.txt: accuracy=0.5" in (session.ws.root / "REPORT.md").read_text()
+    # the scorer's run, its log included, is out of the agent's sight as well
+    assert SECRET in (session.ws.sealed / "output.log").read_text()
+    seen = call(session, "analysis", "bash", command="cat .labrun/sealed/output.log").content
+    assert SECRET not in seen, seen
+
+
+def test_a_scorer_changed_during_the_session_is_refused(session, sealed_dir):
+    predicted(session)
+    (sealed_dir / "eval/score.py").write_text(SCORER.replace("sum(a == b", "len(truth) + sum(a == b"))
+    score_sealed(session)
+    score = session.state.sealed.score
+    assert score.status == "REFUSED" and not score.scores, score
+    assert "score.py changed since the session started; the score is not recorded" in score.detail
+    assert "sealed scoring REFUSED" in session.ws.state_md.read_text()
+
+
+def test_a_missing_artifact_fails_the_scoring_and_says_so(session):
+    predicted(session)
+    (session.ws.root / "results/predictions.txt").unlink()
+    score_sealed(session)
+    assert session.state.sealed.score.status == "FAILED"
+    assert "results/predictions.txt is not there" in session.state.sealed.score.detail
+
+
+def test_a_sealed_evaluation_that_cannot_be_kept_sealed_does_not_start(sealed_dir, tmp_path):
+    idea = sealed_dir / "idea.yaml"
+    inside = tmp_path / "ws"
+    (inside / "eval").mkdir(parents=True)
+    (inside / "eval/score.py").write_text(SCORER)
+    moved = idea.read_text().replace("scorer: eval/score.py", f"scorer: {inside}/eval/score.py")
+    (sealed_dir / "inside.yaml").write_text(moved)
+    with pytest.raises(IdeaError, match=r"sealed_evaluation.scorer: .* must lie outside the workspace"):
+        Session.open(inside, sealed_dir / "inside.yaml", "scripted")
+    assert not (inside / ".labrun").exists()  # nothing written
+    (sealed_dir / "gone.yaml").write_text(idea.read_text().replace("scorer: eval/score.py", "scorer: eval/nope.py"))
+    with pytest.raises(IdeaError, match=r"gone.yaml: sealed_evaluation.scorer: .*nope.py is not there"):
+        Session.open(tmp_path / "other", sealed_dir / "gone.yaml", "scripted")
+    said = labrun("run", str(sealed_dir / "gone.yaml"), "--workspace", str(tmp_path / "cli"), "--agent", "scripted")
+    assert said.returncode == 2 and said.stderr.strip().count("\n") == 0, said.stderr  # one line
+    assert "sealed_evaluation.scorer:" in said.stderr and "Traceback" not in said.stderr
+    assert not (tmp_path / "cli").exists()
+    (sealed_dir / "out.yaml").write_text(idea.read_text().replace("artifact: results/", "artifact: ../"))
+    with pytest.raises(IdeaError, match=r"artifact.*must be a path inside the workspace"):
+        Session.open(tmp_path / "third", sealed_dir / "out.yaml", "scripted")
+
+
+
+def test_a_kill_during_sealed_scoring_leaves_nothing_running_and_the_resume_scores_once(sealed_dir, tmp_path, forker):
+    """A whole session of the demo with a sealed scorer of its metrics file, killed as the
+    scorer starts: nothing of it lives on; the resume scores once, and REPORT.md says so."""
+    (sealed_dir / "eval/score.py").write_text(
+        "import json, sys\nm = json.load(open(sys.argv[1]))\n"
+        "json.dump({'trials_seen': m['trials']}, open(sys.argv[3], 'w'))\n")
+    idea = sealed_dir / "demo.yaml"
+    idea.write_text((sealed_dir / "idea.yaml").read_text().replace("results/predictions.txt", "results/metrics.json"))
+    ws = tmp_path / "ws"
+    killed = forker.run(["run", str(idea), "--workspace", str(ws), "--agent", "scripted"],
+                        env={"LABRUN_CRASH_AT": "scoring:1"})
+    assert killed.returncode == -9, killed.stderr
+    wait_for(lambda: not [p for p in psutil.process_iter(["cmdline"]) if "labrun-sealed/score.py" in
+                          " ".join(p.info["cmdline"] or [])], timeout=10, what="the scorer to end with the engine")
+    resumed = forker.run(["resume", str(ws)])
+    assert resumed.returncode == 0, resumed.stderr
+    status = session_status(ws)
+    assert status["session"]["complete"]
+    score = status["sealed_evaluation"]["score"]
+    assert (score["status"], score["scores"]) == ("SCORED", {"trials_seen": 1000}), score
+    assert (ws / "STATE.md").read_text().count("sealed scoring SCORED") == 1
+    assert "> **Sealed evaluation: SCORED**" in (ws / "REPORT.md").read_text()
