@@ -300,7 +300,7 @@ class Session:
         return Work(self.ws.root, sections, attempts, phase_key,
                     log=self.ws.phase_dir(phase_key), plan=self.state.plan.merged(parts, phase_key),
                     given=parts, code_references=refs,
-                    files={a.n: self.attempt_files(a.n) or {} for a in attempts})
+                    files={a.n: self.attempt_files(a.n) or {} for a in attempts}, network=self.network_on)
 
     def give_sections(self, phase_key: str, sections: dict[str, str],
                       parts: dict[str, Any] | None = None) -> None:
@@ -382,12 +382,17 @@ class Session:
     def max_turns(self, phase: Phase) -> int:
         return self.state.max_turns or phase.max_turns
 
+    @property
+    def network_on(self) -> bool:
+        """The agent's commands have the network, as the session and the idea say."""
+        return self.state.network and self.idea.constraints.network is not False
+
     def sandbox(self, network: bool | None = None) -> Sandbox:
         """Where agent commands run; no network when the session or the idea says so (unless
         `network` says otherwise), else the internet through the session's egress proxy,
         started on first use."""
         if network is None:
-            network = self.state.network and self.idea.constraints.network is not False
+            network = self.network_on
         egress = None
         if network and bubblewrap() is not None:
             with self._egress_lock:

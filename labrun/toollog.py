@@ -4,7 +4,8 @@ The tool log is what the engine kept of the phase: its journals (`conversation-N
 the Messages API's `web_fetch` results, `bash` calls and their results), its experiment
 attempts, and Claude Code's own event logs beside them (`claude-run-NNN.jsonl`: its
 `WebFetch` and `Bash` calls). A source counts as fetched when a fetch of its address
-succeeded there; search results alone do not count.
+succeeded there; search results alone do not count. A fetch that was tried and failed is
+kept too: it is what a claim that nothing could be fetched rests on.
 
 Sources are compared by key, so that one paper cited by its abstract page and fetched as a
 PDF is the same source: `arxiv:2201.11903`, `doi:10.1000/xyz`, or the address without its
@@ -51,15 +52,24 @@ def cited(text: str) -> set[str]:
 def fetched(phase_dir: Path, attempts: Iterable[Any] = ()) -> set[str]:
     """The keys of every source a tool of this phase fetched successfully. `attempts`: the
     phase's experiment attempts (a download run as an attempt counts when it succeeded)."""
-    keys = {source_key(u) for u in _journal_fetches(phase_dir)}
-    keys |= {source_key(u) for u in _claude_code_fetches(phase_dir)}
+    return {source_key(url) for url, ok in fetches(phase_dir, attempts) if ok}
+
+
+def failed(phase_dir: Path, attempts: Iterable[Any] = ()) -> set[str]:
+    """The keys of every source a tool of this phase tried to fetch, and could not."""
+    return {source_key(url) for url, ok in fetches(phase_dir, attempts) if not ok}
+
+
+def fetches(phase_dir: Path, attempts: Iterable[Any] = ()) -> Iterator[tuple[str, bool]]:
+    """Every fetch the phase's tools tried: (address, whether it succeeded)."""
+    yield from _journal_fetches(phase_dir)
+    yield from _claude_code_fetches(phase_dir)
     for a in attempts:
-        if a.status == "SUCCESS" and DOWNLOADER.search(a.command):
-            keys |= {source_key(u) for u in URL.findall(a.command)}
-    return keys
+        if a.status in ("SUCCESS", "FAILED") and DOWNLOADER.search(a.command):
+            yield from ((u, a.status == "SUCCESS") for u in URL.findall(a.command))
 
 
-def _journal_fetches(phase_dir: Path) -> Iterator[str]:
+def _journal_fetches(phase_dir: Path) -> Iterator[tuple[str, bool]]:
     calls: dict[str, dict] = {}
     for record in _records(phase_dir.glob("conversation-*.jsonl")):
         if record.get("kind") == "reply":
@@ -67,19 +77,24 @@ def _journal_fetches(phase_dir: Path) -> Iterator[str]:
                 if block.get("type") == "web_fetch_tool_result":
                     content = block.get("content") or {}
                     if content.get("type") == "web_fetch_result" and content.get("url"):
-                        yield content["url"]
-                elif block.get("type") == "tool_use" and block.get("name") == "bash":
+                        yield content["url"], True
+                    elif content.get("type") == "web_fetch_tool_result_error":
+                        asked = calls.get(block.get("tool_use_id")) or {}
+                        if asked.get("url"):
+                            yield str(asked["url"]), False
+                elif block.get("type") in ("tool_use", "server_tool_use") and block.get("name") in ("bash", "web_fetch"):
                     calls[block.get("id")] = block.get("input") or {}
         elif record.get("kind") == "tool_result" and record.get("tool_use_id") in calls:
             command = str(calls[record["tool_use_id"]].get("command") or "")
             output = str(record.get("content") or "")
-            if not record.get("is_error") and "[exit code:" not in output and DOWNLOADER.search(command):
-                yield from URL.findall(command)
+            if DOWNLOADER.search(command):
+                ok = not record.get("is_error") and "[exit code:" not in output
+                yield from ((u, ok) for u in URL.findall(command))
 
 
-def _claude_code_fetches(phase_dir: Path) -> Iterator[str]:
+def _claude_code_fetches(phase_dir: Path) -> Iterator[tuple[str, bool]]:
     """Claude Code's stream-json events: an `assistant` event's `tool_use` block, answered
-    by a `user` event's `tool_result` that is not an error."""
+    by a `user` event's `tool_result` (an error when it failed)."""
     calls: dict[str, tuple[str, dict]] = {}
     for event in _records(phase_dir.glob("claude-run-*.jsonl")):
         content = (event.get("message") or {}).get("content")
@@ -91,13 +106,12 @@ def _claude_code_fetches(phase_dir: Path) -> Iterator[str]:
             if block.get("type") == "tool_use":
                 calls[block.get("id")] = (block.get("name") or "", block.get("input") or {})
             elif block.get("type") == "tool_result" and block.get("tool_use_id") in calls:
-                if block.get("is_error"):
-                    continue
+                ok = not block.get("is_error")
                 name, inp = calls[block["tool_use_id"]]
                 if name == "WebFetch" and inp.get("url"):
-                    yield str(inp["url"])
+                    yield str(inp["url"]), ok
                 elif name == "Bash" and DOWNLOADER.search(str(inp.get("command") or "")):
-                    yield from URL.findall(str(inp.get("command")))
+                    yield from ((u, ok) for u in URL.findall(str(inp.get("command"))))
 
 
 def _records(files: Iterable[Path]) -> Iterator[dict]:

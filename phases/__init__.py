@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from labrun import paper
 from labrun.phases.rules import (AccountsForPlan, CitesFetchedSource, Compiled, CriteriaJudged, Files, LatexPaper,
-                                 NamesCodeReferences, Outline, PlannedOutputs, PlannedRunsDone, Rule, RunList,
-                                 SaysWhatFailed, Sections, SuccessfulAttempt, TracedNumbers, Work)
+                                 NamesCodeReferences, Outline, PinnedEnvironment, PlannedOutputs, PlannedRunsDone,
+                                 Rule, RunList, SaysWhatFailed, Sections, SuccessfulAttempt, TracedNumbers, Work)
 from labrun.resources import TEMPLATES
 
 if TYPE_CHECKING:
@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 __all__ = ["Phase", "register", "phase_list", "BY_KEY", "PHASES", "DEFAULT", "SECTION_TITLES",
            "Files", "Sections", "SuccessfulAttempt", "CitesFetchedSource", "LatexPaper",
            "TracedNumbers", "Outline", "AccountsForPlan", "Compiled", "RunList", "PlannedRunsDone", "CriteriaJudged",
-           "PlannedOutputs", "SaysWhatFailed", "NamesCodeReferences", "Rule", "Work"]
+           "PlannedOutputs", "SaysWhatFailed", "NamesCodeReferences", "PinnedEnvironment", "Rule",
+           "Work"]
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,7 @@ for _phase in (
           max_turns=30, hands_on=("planning.md",), web=True),
     Phase("setup", "Setup", "isolated environment, data loaded and checked",
           (Sections(files_and_resources="Files and Resources", workflow="Workflow"),
-           NamesCodeReferences("files_and_resources"))),
+           NamesCodeReferences("files_and_resources"), PinnedEnvironment())),
     Phase("implementation", "Implementation", "code for baselines, method and evaluation",
           (Sections(experiment_design="Experiment Design"),), max_turns=60),
     Phase("experiments", "Experiments", "run the experiments, one attempt at a time",

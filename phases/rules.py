@@ -15,6 +15,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar, Mapping, Protocol, Sequence
 
+import yaml
+
 from labrun import latex, toollog
 from labrun.evidence import CITED, Evidence, markdown_numbers
 from labrun.plan import Plan, coverage, normal_path, output_exists, seeds_asked
@@ -48,6 +50,8 @@ class Work:
     """The repositories the idea's `background.code_references` name."""
     files: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
     """Attempt n → the files it found and wrote (`Session.attempt_files`)."""
+    network: bool = True
+    """The agent's commands have the network (off: `--no-network`, `constraints.network: false`)."""
 
     def own_attempts(self) -> list[Any]:
         return [a for a in self.attempts if a.phase == self.phase]
@@ -172,7 +176,8 @@ class SuccessfulAttempt:
 @dataclass(frozen=True)
 class CitesFetchedSource:
     """The files cite at least one source that a tool really fetched in this phase (its tool
-    log shows the fetch), or the section states why the network gave nothing."""
+    log shows the fetch), or the section states why the network gave nothing: after fetches
+    that failed (in the tool log too), or with the network off."""
 
     files: tuple[str, ...]
     section: str
@@ -186,16 +191,20 @@ class CitesFetchedSource:
             return []
         reason = (work.sections.get(self.section) or "").partition(self.MARKER)[2]
         if len(reason.strip()) >= 15:
-            return []
+            if not work.network or (work.log is not None and toollog.failed(work.log, work.own_attempts())):
+                return []
+            return [f"`{self.MARKER}` stands only after fetches that failed, and this phase's tool log shows "
+                    "none while the network is on: fetch the sources first (the idea's references, a search's "
+                    f"results), then cite in {' or '.join(self.files)} what came"]
         return [f"a source cited in {' or '.join(self.files)} that a tool fetched in this phase "
                 f"(cited: {len(cited)}, none of them fetched), or a line `{self.MARKER} <why>` "
-                f"in the section {self.section}"]
+                f"in the section {self.section} after fetches that failed"]
 
     def describe(self) -> str:
         files = " or ".join(f"`{f}`" for f in self.files)
         return (f"{files} cites at least one source (its URL, `arXiv:` id or `doi:`) that a tool "
-                f"fetched in this phase, or the section `{self.section}` has a line "
-                f"`{self.MARKER} <why>`")
+                f"fetched in this phase, or, after fetches that failed or with the network off, the "
+                f"section `{self.section}` has a line `{self.MARKER} <why>`")
 
 
 @dataclass(frozen=True)
@@ -546,6 +555,59 @@ class AccountsForPlan:
     def describe(self) -> str:
         return (f"`{self.path}` names every run of the run list, and every criterion with its recorded "
                 "verdict (met or unmet)")
+
+
+LOCK_FILES = ("uv.lock", "poetry.lock", "Pipfile.lock", "pdm.lock", "conda-lock.yml", "renv.lock", "Manifest.toml",
+              "package-lock.json", "pnpm-lock.yaml", "yarn.lock", "Cargo.lock", "go.sum")
+"""Files that pin an environment by what they are, written by the tools that resolve it."""
+PINNED = re.compile(r"===?|\s@\s|^\S+\s*@\s*\S+://")
+"""A requirement at its exact version: `pkg==1.2.3`, `pkg===x`, `pkg @ https://…`."""
+
+
+@dataclass(frozen=True)
+class PinnedEnvironment:
+    """Setup leaves the environment pinned: a lock file, or requirements files (`requirements*.txt`,
+    `environment.yml`) whose every package names its exact version; a study that needs no
+    package says so in a comment of its requirements.txt."""
+
+    fields: ClassVar[tuple[str, ...]] = ()
+    HOW: ClassVar[str] = ("a pinned environment file: requirements.txt with each package at its exact version "
+                          "(`pip freeze > requirements.txt` in the environment), an environment.yml with versions, "
+                          "or a lock file (uv.lock, poetry.lock, ...); when no package is needed, a requirements.txt "
+                          "whose comment says so and names the Python version")
+
+    def missing(self, work: Work) -> list[str]:
+        if any((work.root / name).is_file() and (work.root / name).stat().st_size for name in LOCK_FILES):
+            return []
+        files = sorted(work.root.glob("requirements*.txt")) + sorted(work.root.glob("environment.y*ml"))
+        if not files:
+            return [self.HOW]
+        problems = [p for f in files for p in self._loose(f)]
+        return [f"{'; '.join(problems[:3])}: {self.HOW}"] if problems else []
+
+    @staticmethod
+    def _loose(path: Path) -> list[str]:
+        text = path.read_text(errors="replace")
+        if path.suffix in (".yml", ".yaml"):
+            try:
+                found = (yaml.safe_load(text) or {}).get("dependencies") or []
+            except (yaml.YAMLError, AttributeError):
+                return [f"{path.name} is not a conda environment file"]
+            wanted = [d for d in found if isinstance(d, str) and not d.startswith("python")]
+            wanted += [p for d in found if isinstance(d, dict) for p in d.get("pip") or []]
+            loose = [w for w in wanted if "=" not in w]
+            return [f"{path.name}: {', '.join(loose[:5])} without an exact version"] if loose else []
+        lines = [line.split("#", 1)[0].strip() for line in text.splitlines()]
+        wanted = [line for line in lines if line and not line.startswith("-")]  # -r, -c, --hash, -i
+        if not wanted:
+            said = " ".join(line.partition("#")[2] for line in text.splitlines())
+            return [] if len(said.split()) >= 3 else [f"{path.name} names no package and no comment says why"]
+        loose = [w for w in wanted if not PINNED.search(w)]
+        return [f"{path.name}: {', '.join(loose[:5])} without an exact version"] if loose else []
+
+    def describe(self) -> str:
+        return ("the environment is pinned: a lock file, or requirements.txt (or environment.yml) with every "
+                "package at its exact version, or, when no package is needed, a requirements.txt saying so")
 
 
 @dataclass(frozen=True)

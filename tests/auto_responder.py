@@ -267,7 +267,7 @@ class AutoResearcher:
     def setup(self, body, turn):
         if turn == 1:
             return "Checking Python and making the folders.", [
-                _call("bash", command="python3 --version && mkdir -p src results && ls")]
+                _call("bash", command="python3 --version && mkdir -p src results && python3 --version | sed 's/^/# /; s/$/: the standard library only, no packages to install/' > requirements.txt && ls")]
         return "The environment is ready.", [_call(
             "complete_phase", summary="Standard-library Python; folders made.", sections={
                 "files_and_resources": "- planning.md: the plan\n- src/: code\n- results/: outputs\n"

@@ -511,7 +511,8 @@ CUT_CALL = {"content": [{"type": "text", "text": "Making the folders."},
                          "partial_json": '{"command": "touch cut-call-ran", "restart": fa'}],
             "stop_reason": "max_tokens"}
 FOLDERS = {"content": [{"type": "tool_use", "id": "toolu_dirs", "name": "bash",
-                        "input": {"command": "mkdir -p src results"}}]}
+                        "input": {"command": "mkdir -p src results && echo '# the standard library only: "
+                                             "no packages' > requirements.txt"}}]}
 REFUSAL = {"content": [{"type": "text", "text": "I will not"}], "stop_reason": "refusal",
            "stop_details": {"type": "refusal", "category": "cyber",
                             "explanation": "This request was declined because it could enable cyber harm."}}

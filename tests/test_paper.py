@@ -64,8 +64,8 @@ def write_sections(root: Path, body: str = "The slope is $-0.5016$ \\cite{src}.\
     return names
 
 
-def work(root: Path, sections=None, attempts=(), phase="paper", log=None) -> Work:
-    return Work(root, sections or {}, list(attempts), phase, log)
+def work(root: Path, sections=None, attempts=(), phase="paper", log=None, network=True) -> Work:
+    return Work(root, sections or {}, list(attempts), phase, log, network=network)
 
 
 # -- styles ---------------------------------------------------------------------------------
@@ -222,7 +222,14 @@ def test_a_cited_source_counts_only_when_this_phase_fetched_it(tmp_path):
     here = work(tmp_path, phase="resources", log=log)
     assert rule.missing(here) == [
         "a source cited in literature_review.md or resources.md that a tool fetched in this phase "
-        "(cited: 2, none of them fetched), or a line `No source could be fetched: <why>` in the section literature"]
+        "(cited: 2, none of them fetched), or a line `No source could be fetched: <why>` in the section literature "
+        "after fetches that failed"]
+    # Nothing could be fetched, says a phase that tried no fetch with the network on: refused;
+    # with the network off, it is the truth.
+    untried = {"literature": "No source could be fetched: every request timed out (arXiv, the idea's links)."}
+    assert rule.missing(work(tmp_path, untried, phase="resources", log=log))[0].startswith(
+        "`No source could be fetched:` stands only after fetches that failed, and this phase's tool log shows none")
+    assert rule.missing(work(tmp_path, untried, phase="resources", log=log, network=False)) == []
     # A fetch of something else, or a failed fetch of the cited paper, does not count...
     convo = Conversation.start(log)
     convo.add_user_text("Go.")

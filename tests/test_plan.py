@@ -203,6 +203,7 @@ def test_setup_names_every_code_reference(tmp_path):
         description: "Plotting helpers"
   methodology:""", 1))
     s = Session.open(tmp_path / "ws", idea, "scripted")
+    (s.ws.root / "requirements.txt").write_text("matplotlib==3.9.2\n")
     try:
         first = call(s, "setup", "complete_phase", summary="x", sections={
             "files_and_resources": "- code/averaging: example/averaging at 1a2b3c", "workflow": "run src/run.py, then plot"})

@@ -73,6 +73,26 @@ def refused(result, *said: str) -> None:
         assert part in result.content, result.content
 
 
+# -- resources --------------------------------------------------------------------------------
+
+
+def test_nothing_could_be_fetched_is_refused_until_a_fetch_was_tried(tmp_path, prefect_api):
+    s = Session.open(tmp_path / "ws", DEMO_IDEA, "scripted", with_phases=("resources",))
+    try:
+        write(s, "literature_review.md", "# Review\n\nNothing found.\n")
+        write(s, "resources.md", "# Resources\n\nNone.\n")
+        claim = {"literature": "No source could be fetched: the network gave nothing at all today."}
+        refused(call(s, "resources", "complete_phase", summary="nothing", sections=claim),
+                "`No source could be fetched:` stands only after fetches that failed")
+        tried = call(s, "resources", "run_experiment", command="curl -fsS -m 5 https://unreachable.invalid/paper.pdf",
+                     purpose="fetch the idea's reference")
+        assert "FAILED" in tried.content
+        done = call(s, "resources", "complete_phase", summary="nothing", sections=claim)
+        assert not done.is_error, done.content
+    finally:
+        s.close()
+
+
 # -- planning -----------------------------------------------------------------------------
 
 
@@ -118,6 +138,21 @@ def test_a_setup_and_a_design_of_dots_are_refused(session):
             "section files_and_resources with what it must say", "section workflow")
     refused(call(session, "implementation", "complete_phase", summary=".", sections={"experiment_design": "."}),
             "section experiment_design with what it must say")
+
+
+def test_an_environment_left_unpinned_is_refused(session):
+    sections = {"files_and_resources": "- `src/`: the code, `results/`: outputs, no data to fetch",
+                "workflow": "Run src/measure.py with each seed through run_experiment."}
+    refused(call(session, "setup", "complete_phase", summary="ready", sections=sections),
+            "a pinned environment file: requirements.txt with each package at its exact version")
+    for loose, said in (("numpy\npandas>=2.0\nscipy==1.13.1\n", "requirements.txt: numpy, pandas>=2.0 without an "
+                                                                   "exact version"),
+                        ("", "requirements.txt names no package and no comment says why")):
+        write(session, "requirements.txt", loose)
+        refused(call(session, "setup", "complete_phase", summary="ready", sections=sections), said)
+    write(session, "requirements.txt", "numpy==1.26.4\nscipy==1.13.1 --hash=sha256:abc\n# pinned by pip freeze\n")
+    done = call(session, "setup", "complete_phase", summary="ready", sections=sections)
+    assert not done.is_error, done.content
 
 
 # -- experiments ------------------------------------------------------------------------------

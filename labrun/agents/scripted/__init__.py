@@ -109,32 +109,40 @@ def _idea_url(system: str) -> str | None:
     return found.group(0) if found else None
 
 
+def _source(system: str) -> tuple[str, bool]:
+    """What the resources phase fetches: the idea's first reference, else an arXiv search
+    for its title (True: a search)."""
+    url = _idea_url(system)
+    if url is not None:
+        return url, False
+    words = "+".join(re.findall(r"[A-Za-z0-9]+", _title(system))[:8])
+    return f"https://export.arxiv.org/api/query?search_query=ti:{words}&max_results=5", True
+
+
 def _fetch_outcome(r: ModelRequest) -> dict:
     """What the resources phase's download gave: the address, and whether it came."""
-    url = _idea_url(r.system)
-    result = _last_result(r.messages)
-    failed = "[exit code:" in result or url is None
-    size = re.search(r"^(\d+) papers/source-1", result, flags=re.M)
-    return {"title": _title(r.system), "url": url, "fetched": not failed, "path": "papers/source-1.pdf",
-            "size": size.group(1) if size else "?", "error": result.strip().splitlines()[0] if failed and url else ""}
+    url, search = _source(r.system)
+    path = "papers/arxiv-search.xml" if search else "papers/source-1.pdf"
+    result = next((t for t in _results(r.messages) if path in t or "[exit code:" in t), "[exit code: none]")
+    failed = "[exit code:" in result
+    size = re.search(rf"^(\d+) {re.escape(path)}", result, flags=re.M)
+    return {"title": _title(r.system), "url": url, "search": search, "fetched": not failed, "path": path,
+            "size": size.group(1) if size else "?", "error": result.strip().splitlines()[0] if failed else ""}
 
 
 def _resources_section(r: ModelRequest) -> str:
     outcome = _fetch_outcome(r)
+    what = "an arXiv search for the idea's title" if outcome["search"] else "the idea's reference"
     if outcome["fetched"]:
-        return (f"- Fetched the idea's reference {outcome['url']} to papers/source-1.pdf (not read).\n"
+        return (f"- Fetched {what}, {outcome['url']}, to {outcome['path']} (not read).\n"
                 "- No datasets: the measurements are simulated. No code to reuse.")
-    why = (f"the download of {outcome['url']} failed ({outcome['error']})" if outcome["url"]
-           else "the idea names no reference and the scripted agent does not search")
-    return f"- Nothing gathered.\n{LITERATURE_MARKER} {why}."
+    return f"- Nothing gathered.\n{LITERATURE_MARKER} the fetch of {what} {outcome['url']} failed ({outcome['error']})."
 
 
 def _fetch(r: ModelRequest) -> list[tuple[str, dict]]:
-    url = _idea_url(r.system)
-    if url is None:
-        return [_call("bash", command="mkdir -p papers datasets code && ls")]
-    return [_call("bash", command=f"mkdir -p papers datasets code && curl -fsSL -m 20 -o papers/source-1.pdf '{url}' "
-                                  "&& wc -c papers/source-1.pdf")]
+    outcome = _fetch_outcome(r)
+    return [_call("bash", command=f"mkdir -p papers datasets code && curl -fsSL -m 20 -o {outcome['path']} "
+                                  f"'{outcome['url']}' && wc -c {outcome['path']}")]
 
 
 def _paper_context(r: ModelRequest) -> dict:
@@ -311,7 +319,7 @@ SCRIPT: dict[str, list[Step]] = {
             run_list=[_run(r.system)], analysis_outputs=list(ANALYSIS_OUTPUTS))],
     ],
     "setup": [
-        lambda r: [_call("bash", command="python3 --version && mkdir -p src results && ls")],
+        lambda r: [_call("bash", command="python3 --version && mkdir -p src results && python3 --version | sed 's/^/# /; s/$/: the standard library only, no packages to install/' > requirements.txt && ls")],
         lambda r: [_call("complete_phase", summary="Standard-library Python only; folders made.", sections={
             "files_and_resources": "- `planning.md`: the plan\n- `src/`: code\n- `results/`: outputs\n"
             "- No external data or packages: the data are simulated." + "".join(
