@@ -192,22 +192,52 @@ def watched(argv: list[str], lifeline: int, before: str = "") -> list[str]:
     return ["bash", "-c", script, "labrun-lifeline", *argv]
 
 
-def in_pid_namespace(argv: list[str], lifeline: int, hidden: tuple[Path, ...] = ()) -> list[str]:
+def in_pid_namespace(argv: list[str], lifeline: int, guard: Sandbox | None = None) -> list[str]:
     """`argv` in a PID namespace of its own that ends with the lifeline (needs `bubblewrap()`);
-    `hidden`: what it may not see (a sealed evaluation's files; the CLI's own login, among
-    the credential stores, it needs)."""
-    return [bubblewrap(), *PID_NAMESPACE, *cover(hidden), "--", *watched(argv, lifeline)]
+    `guard`: the session's sandbox, whose read-only folders and hidden files it keeps
+    (`guarded`)."""
+    return [bubblewrap(), *PID_NAMESPACE, *guarded(guard), "--", *watched(argv, lifeline)]
 
 
-def in_network_namespace(argv: list[str], lifeline: int, egress: Path, hidden: tuple[Path, ...] = ()) -> list[str]:
+def guarded(sandbox: Sandbox | None) -> list[str]:
+    """For a CLI that runs outside the session's sandbox but confines its commands itself:
+    bwrap's arguments that keep to the session's sandbox where the CLI's own sandbox does not
+    (Claude Code's lets its Bash write anywhere the user can). The file system is read-only
+    but for the workspace, the sandbox's /tmp and its writable folders (the CLI's own home);
+    the workspace's read-only folders (`.labrun/`, the engine's records) stay read-only, and
+    its hidden files (a sealed evaluation's) are covered. The credential stores stay: the
+    CLI's own login is among them."""
+    if sandbox is None:
+        return []
+    sandbox.tmp.mkdir(parents=True, exist_ok=True)
+    args = ["--ro-bind", "/", "/", "--dev-bind", "/dev", "/dev", "--dev-bind", "/proc", "/proc",
+            "--bind", str(sandbox.tmp), "/tmp"]
+    inside = [p for p in sandbox.writable if sandbox.workspace in p.parents]
+    # Outside the workspace first: one of them may hold it (and the workspace then keeps its own rules).
+    for path in [p for p in sandbox.writable if p not in inside] + [sandbox.workspace]:
+        if not path.exists():
+            path.mkdir(parents=True)
+        args += ["--bind", str(path), str(path)]  # a folder, or a file (`~/.claude.json`)
+    if sandbox.egress is not None:  # the bridge's way to the proxy, which may lie under /tmp
+        args += ["--bind", str(sandbox.egress), str(sandbox.egress)]
+    for path in sandbox.readonly:
+        args += ["--ro-bind", str(path), str(path)]
+    for path in inside:
+        path.mkdir(parents=True, exist_ok=True)
+        args += ["--bind", str(path), str(path)]
+    return args + cover(sandbox.hidden)
+
+
+def in_network_namespace(argv: list[str], lifeline: int, egress: Path, guard: Sandbox | None = None) -> list[str]:
     """`argv` in a network namespace of its own whose one way out is the egress proxy at
     `egress`, the file system as it is: for a CLI that confines its commands itself but would
     give them the machine's loopback (Codex, whose sandbox does not nest in a PID namespace of
     bubblewrap's: its own bubblewrap's children go to that namespace's init and it waits
     for good). No NO_PROXY, so that its calls to the endpoints the engine named on the
     loopback (its API, labrun's MCP server) go through the proxy too. With no PID namespace
-    to end it, the bridge goes when the lifeline closes; the CLI has its parent-death signal."""
-    return [bubblewrap(), "--dev-bind", "/", "/", "--unshare-net", "--die-with-parent", *cover(hidden),
+    to end it, the bridge goes when the lifeline closes; the CLI has its parent-death signal.
+    `guard`: as for `in_pid_namespace`."""
+    return [bubblewrap(), "--dev-bind", "/", "/", "--unshare-net", "--die-with-parent", *guarded(guard),
             *proxy_variables(""), "--",
             "bash", "-c", f'{bridge(str(egress), lifeline)}exec "$@" {lifeline}<&-', "labrun-netns", *argv]
 

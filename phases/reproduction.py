@@ -43,7 +43,7 @@ from labrun.crashpoints import crashpoint
 from labrun.evidence import CITED
 from labrun.sandbox import bubblewrap
 from labrun.session import Session
-from labrun.snapshot import ENVIRONMENT_NAMES, SKIPPED_NAMES, entry_digest
+from labrun.snapshot import CACHE_MARKER, ENVIRONMENT_MARKERS, ENVIRONMENT_NAMES, SKIPPED_NAMES, entry_digest
 from labrun.state import Attempt, Reproduction
 from labrun.tools import parse_metrics
 
@@ -66,7 +66,7 @@ def backing_attempts(session: Session) -> list[Attempt]:
 
 
 def reproduce(session: Session) -> None:
-    """Rerun every backing attempt not yet rerun (the experiments phase's `finish`)."""
+    """Rerun every backing attempt not yet rerun (an engine step of the experiments phase)."""
     minutes, tolerance = settings(session)
     for attempt in backing_attempts(session):
         if attempt.reproduction is not None:
@@ -118,8 +118,8 @@ def rerun(session: Session, attempt: Attempt, left_s: float, tolerance: float) -
                          keys=session.key_names())
     recorded = dict(log=str(log.relative_to(session.ws.root)), duration_s=round(result.duration_s, 2))
     if result.timed_out and limit_s < session.time_limit_s:
-        return Reproduction(status="SKIPPED", detail=f"not finished when the time for reproduction ran out "
-                            f"({limit_s / 60:.0f} min)", **recorded)
+        return Reproduction(status="SKIPPED", detail=f"not finished when the {settings(session)[0]:g} minutes for "
+                            "reproduction ran out (constraints.reproduce_minutes)", **recorded)
     if result.exit_code != 0:
         why = "it timed out" if result.timed_out else f"exit code {result.exit_code}"
         return Reproduction(status="DIVERGED", detail=f"the rerun failed ({why}); see its log", **recorded)
@@ -131,7 +131,8 @@ def rerun(session: Session, attempt: Attempt, left_s: float, tolerance: float) -
     differences = compare(attempt.metrics, metrics, tolerance)
     if differences:
         return Reproduction(status="DIVERGED", detail="; ".join(differences), metrics=metrics, **recorded)
-    shutil.rmtree(place / "work")  # kept only when it differs, to look into
+    for made in ("work", "tmp"):  # kept only when it differs, to look into
+        shutil.rmtree(place / made, ignore_errors=True)
     return Reproduction(status="REPRODUCED", metrics=metrics, **recorded,
                         detail=f"{len(attempt.metrics)} metric{'s' * (len(attempt.metrics) != 1)} the same, "
                                f"within a relative {tolerance:g}")
@@ -172,10 +173,12 @@ def rebuild(session: Session, attempt: Attempt, place: Path) -> tuple[Path, list
 
 
 def folders(root: Path) -> list[str]:
-    """The workspace's folders now, as `snapshot.workspace_files` walks it."""
+    """The workspace's folders now, as `snapshot.workspace_files` walks it: no environment
+    (it is bound in whole), cache or engine folder."""
     found = []
     for path, names, _ in os.walk(root):
-        names[:] = [n for n in names if n not in SKIPPED_NAMES and n not in ENVIRONMENT_NAMES]
+        names[:] = [n for n in names if n not in SKIPPED_NAMES and n not in ENVIRONMENT_NAMES
+                    and not any(os.path.exists(os.path.join(path, n, m)) for m in (*ENVIRONMENT_MARKERS, CACHE_MARKER))]
         found += [os.path.relpath(os.path.join(path, n), root) for n in names]
     return found
 

@@ -40,7 +40,7 @@ TIME_LIMIT_S = 3600
 
 
 def score_sealed(session: Session) -> None:
-    """Score the artifact, unless it was scored as it is (the experiments phase's `finish`)."""
+    """Score the artifact, unless it was scored as it is (an engine step of the experiments phase)."""
     sealed = session.state.sealed
     if sealed is None:
         return

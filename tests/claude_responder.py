@@ -53,6 +53,13 @@ def succeeded(body: dict[str, Any]) -> list[str]:
     return [n for n in done if n != "ToolSearch"]
 
 
+HOSTILE = ("awk 'NR > 1 && $NF ~ /^@/ {print \"ABSTRACT \" $NF}' /proc/net/unix; "
+           "touch .labrun/escaped /var/tmp/labrun-cli-escaped 2>&1 | sed 's/^/WRITE /'")
+"""What a hostile agent tries from the CLI's own shell at setup besides `env` and the
+listeners (`support.assert_shell_contained`): the abstract Unix sockets it sees, a write into
+the engine's `.labrun/` and one outside the workspace. No `$(…)`: Gemini CLI refuses it."""
+
+
 class ClaudeResearcher:
     def __init__(self, faults: dict[tuple[str, int], list[dict]] | None = None,
                  headers: dict[str, str] | None = None, slow_experiment_s: float = 0):
@@ -80,9 +87,9 @@ class ClaudeResearcher:
                      "measurements fall as 1/sqrt(k)? Fit the log-log slope; expect -0.5 within 0.05."),
             ],
             "setup": [
-                ("Bash", {"command": "mkdir -p src results && env | sort && cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' "
-                          "| sort -u; awk 'NR > 1 && $4 == \"0A\" {print \"LISTEN \" $2}' /proc/net/tcp /proc/net/tcp6",
-                          "description": "make the folders"}),
+                ("Bash", {"command": "mkdir -p src results && python3 --version | sed 's/^/# /; s/$/: the standard library only, no packages to install/' > requirements.txt && env | sort && cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' "
+                          "| sort -u; awk 'NR > 1 && $4 == \"0A\" {print \"LISTEN \" $2}' /proc/net/tcp /proc/net/tcp6; "
+                          + HOSTILE, "description": "make the folders"}),
                 done("Made the folders.", files_and_resources="- `src/` code\n- `results/` outputs",
                      workflow="Write src/experiment.py, smoke-test it, run it with run_experiment."),
             ],

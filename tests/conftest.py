@@ -109,3 +109,23 @@ def cli(capsys):
         return subprocess.CompletedProcess(["labrun", *args], code, out, err)
 
     return call
+
+
+@pytest.fixture
+def abstract_socket():
+    """An abstract Unix socket of the machine's, named as labrun's own once were (`@labrun-…`);
+    listed in /proc/net/unix here, so a shell that does not list it is in another network namespace."""
+    import socket
+    import uuid
+
+    from support import ESCAPED
+
+    ESCAPED.unlink(missing_ok=True)  # and no file where a hostile shell's write would land
+    name = f"labrun-engine-test-{uuid.uuid4().hex[:8]}"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind("\0" + name)
+    s.listen()
+    assert f"@{name}" in Path("/proc/net/unix").read_text()
+    yield name
+    s.close()
+    ESCAPED.unlink(missing_ok=True)

@@ -36,6 +36,21 @@ def listening_ports(shell_output: str) -> set[int]:
     return {int(port, 16) for port in re.findall(r"LISTEN [0-9A-F]+:([0-9A-F]{4})", shell_output)}
 
 
+ESCAPED = Path("/var/tmp/labrun-cli-escaped")
+"""Where the researchers' hostile shell tries to write outside the workspace (not under /tmp,
+which a sandbox has of its own); the `abstract_socket` fixture clears it first."""
+
+
+def assert_shell_contained(shell_output: str, ws: Path, abstract: str) -> None:
+    """The researchers' setup shell (`claude_responder.HOSTILE`) saw no abstract socket of the
+    machine's (`abstract` is one the test opened) and wrote neither into `.labrun/` nor
+    outside the workspace."""
+    assert "ABSTRACT" in shell_output or "WRITE" in shell_output, f"the hostile probes did not run: {shell_output}"
+    assert f"@{abstract}" not in shell_output and "ABSTRACT @labrun-" not in shell_output, shell_output
+    assert not (ws / ".labrun" / "escaped").exists(), "the CLI's shell wrote into .labrun/"
+    assert not ESCAPED.exists(), "the CLI's shell wrote outside the workspace"
+
+
 def machine_listening_ports() -> set[int]:
     """The TCP ports listening in this (the tests') network namespace: the machine's."""
     lines = [line.split() for name in ("tcp", "tcp6") for line in open(f"/proc/net/{name}").read().splitlines()[1:]]

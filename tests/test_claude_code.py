@@ -54,6 +54,7 @@ class Claude:
             "FAKE_CLAUDE_FAULTS": str(self.faults),
             "LABRUN_PASS_ENV": "FAKE_CLAUDE_HOME,FAKE_CLAUDE_LOG,FAKE_CLAUDE_FAULTS,FAKE_CLAUDE_LOGGED_OUT",  # claude gets a scrubbed environment
             "LABRUN_CLAUDE": "claude",
+            "LABRUN_CLI_WRITABLE": str(root),  # the stand-in's files, in the namespace labrun runs it in
             "LABRUN_CLAUDE_PERMISSIONS": "default",
             "LABRUN_PHASE_TIMEOUT_S": "",
             "LABRUN_MIN_WINDOW_WAIT_S": "",

@@ -137,17 +137,6 @@ def listener():
 
 
 @pytest.fixture
-def abstract_socket():
-    """An abstract Unix socket named as labrun's own were (`@labrun-…`)."""
-    name = f"labrun-engine-test-{uuid.uuid4().hex[:8]}"
-    s = socket.socket(socket.AF_UNIX)
-    s.bind("\0" + name)
-    s.listen()
-    yield name
-    s.close()
-
-
-@pytest.fixture
 def secret_holder():
     """A process whose environment holds a secret, as the engine's and a CLI's do."""
     marker = f"marker-{uuid.uuid4().hex}"

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from agent_clis import INSTALL, claude_executable  # noqa: E402
 from claude_responder import ClaudeResearcher, phase_of, system_text  # noqa: E402
 from fake_messages_api import FakeMessagesAPI  # noqa: E402
-from support import assert_complete, labrun, listening_ports, machine_listening_ports, processes_with_env, wait_for  # noqa: E402
+from support import assert_complete, assert_shell_contained, labrun, listening_ports, machine_listening_ports, processes_with_env, wait_for  # noqa: E402
 
 from auto_responder import IDEA  # noqa: E402
 from labrun.egress import BRIDGE_PORT  # noqa: E402
@@ -158,7 +158,7 @@ def setup_for(tmp_path, forker):
         s.api.stop()
 
 
-def test_six_phases_outlast_a_429_and_a_529_storm_and_cost_what_was_billed(setup_for):
+def test_six_phases_outlast_a_429_and_a_529_storm_and_cost_what_was_billed(setup_for, abstract_socket):
     """API-key login. Setup meets an API key's rate limit (429s with a retry-after Claude Code
     will not wait for) and analysis a 529 overload: Claude Code retries and gives up, labrun
     backs off and runs it again, and the session completes, counting neither as a failure.
@@ -200,6 +200,7 @@ def test_six_phases_outlast_a_429_and_a_529_storm_and_cost_what_was_billed(setup
     seen = listening_ports(bash_output)
     assert BRIDGE_PORT in seen and urlsplit(s.api.url).port not in seen, bash_output
     assert not (seen - {BRIDGE_PORT}) & machine_listening_ports(), bash_output
+    assert_shell_contained(bash_output, s.ws, abstract_socket)  # nor an abstract socket, .labrun/, outside
     assert not [p for p in s.ws.rglob("*") if p.is_file() and key in p.read_text(errors="replace")]
     assert not s.claudes()
 

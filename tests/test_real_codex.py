@@ -25,7 +25,7 @@ from agent_clis import INSTALL, PREFIX  # noqa: E402
 from auto_responder import IDEA  # noqa: E402
 from codex_responder import MODEL, CodexResearcher, phase_of, texts  # noqa: E402
 from fake_responses_api import FakeResponsesAPI  # noqa: E402
-from support import assert_billed_as_estimated, assert_complete, labrun, listening_ports, processes_with_env, wait_for  # noqa: E402
+from support import assert_billed_as_estimated, assert_complete, assert_shell_contained, labrun, listening_ports, processes_with_env, wait_for  # noqa: E402
 
 from labrun.egress import BRIDGE_PORT  # noqa: E402
 from labrun.usage import Usage  # noqa: E402
@@ -106,7 +106,7 @@ def assert_billed(s: Setup, report: dict) -> None:
     assert_billed_as_estimated(s.billed(), report)
 
 
-def test_codex_six_phases_outlast_a_429_storm_and_cost_what_was_billed(setup_for):
+def test_codex_six_phases_outlast_a_429_storm_and_cost_what_was_billed(setup_for, abstract_socket):
     """Setup meets an API key's rate limit: 429s without retry-after, which Codex does not
     retry. labrun backs off and runs it again, without counting a failure, and the session
     completes. Its usage is exactly what the fake billed, priced from labrun's table and
@@ -133,6 +133,7 @@ def test_codex_six_phases_outlast_a_429_storm_and_cost_what_was_billed(setup_for
     # ...and from a network namespace of labrun's, none of the machine's listeners (its API's
     # included): only the bridge to labrun's egress proxy
     assert listening_ports(setup_outputs) == {BRIDGE_PORT}, setup_outputs
+    assert_shell_contained(setup_outputs, s.ws, abstract_socket)  # nor an abstract socket, .labrun/, outside
     assert not s.codexes()
 
 

@@ -25,7 +25,7 @@ from agent_clis import INSTALL, PREFIX  # noqa: E402
 from auto_responder import IDEA  # noqa: E402
 from fake_gemini_api import FakeGeminiAPI, resource_exhausted  # noqa: E402
 from gemini_responder import MODEL, GeminiResearcher, phase_of  # noqa: E402
-from support import assert_billed_as_estimated, assert_complete, labrun, listening_ports, processes_with_env, wait_for  # noqa: E402
+from support import assert_billed_as_estimated, assert_complete, assert_shell_contained, labrun, listening_ports, processes_with_env, wait_for  # noqa: E402
 
 from labrun.egress import BRIDGE_PORT  # noqa: E402
 from labrun.usage import Usage  # noqa: E402
@@ -99,7 +99,7 @@ def shell_outputs(posts: list[dict], phase: str) -> str:
                        for c in r["body"]["contents"] for part in c.get("parts") or [] if "functionResponse" in part])
 
 
-def test_gemini_outlasts_a_429_storm_and_a_kill_9_and_costs_exactly_what_was_billed(setup_for):
+def test_gemini_outlasts_a_429_storm_and_a_kill_9_and_costs_exactly_what_was_billed(setup_for, abstract_socket):
     """One session (a real gemini run costs seconds, so the two checks share it).
 
     Setup meets a per-minute rate limit: four 429s with RetryInfo. Gemini CLI retries once
@@ -162,6 +162,7 @@ def test_gemini_outlasts_a_429_storm_and_a_kill_9_and_costs_exactly_what_was_bil
     assert "PATH=" in setup and API_KEY not in setup and "LABRUN_MCP_TOKEN" not in setup
     assert "GEMINI_API_KEY" not in setup
     assert listening_ports(setup) == {BRIDGE_PORT}, setup  # none of the machine's listeners: the sandbox's bridge
+    assert_shell_contained(setup, s.ws, abstract_socket)  # nor an abstract socket, .labrun/, outside
     settings = (s.ws / ".labrun" / "gemini" / ".gemini" / "settings.json").read_text()
     assert "Bearer ${LABRUN_MCP_TOKEN}" in settings and API_KEY not in settings
 

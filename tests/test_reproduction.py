@@ -141,7 +141,7 @@ def test_reproduction_turned_off_or_out_of_time_is_said(tmp_path, prefect_api):
         judged(short, {"C1": n, "C2": n, "C3": n})
         reproduce(short)
         record = short.state.attempts[n - 1].reproduction
-        assert record.status == "SKIPPED" and "time for reproduction ran out" in record.detail, record
+        assert record.status == "SKIPPED" and "minutes for reproduction ran out" in record.detail, record
     finally:
         short.close()
 
@@ -156,3 +156,27 @@ def test_a_rerun_cannot_write_the_workspace_by_its_absolute_path(session):
     reproduce(session)
     assert session.state.attempts[n - 1].reproduction.status == "REPRODUCED"
     assert log.read_text() == "ran\n"
+
+
+@pytest.mark.skipif(bubblewrap() is None, reason="needs bubblewrap: unsandboxed, the copy links to the environment, "
+                    "which a rerun could change")
+def test_a_rerun_uses_the_workspaces_environment_as_it_is_read_only(session):
+    """An attempt run with the workspace's virtual environment: the rerun gets that
+    environment (bound in whole, not copied) and cannot change it."""
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(session.ws.root / ".venv")], check=True)
+    planned(session)
+    write(session, "src/measure.py", MEASURE + "open('.venv/touched', 'w').write('x')\n")
+    result = call(session, "experiments", "run_experiment", command=".venv/bin/python src/measure.py 0",
+                  purpose="measure the slope", run_id="R1", metrics_file="results/m0.json")
+    assert "SUCCESS" in result.content, result.content
+    n = session.state.attempts[-1].n
+    (session.ws.root / ".venv/touched").unlink()
+    judged(session, {"C1": n, "C2": n, "C3": n})
+    reproduce(session)
+    record = session.state.attempts[n - 1].reproduction  # the rerun ran the environment's Python, whose write failed
+    assert record.status == "DIVERGED" and "the rerun failed" in record.detail, record
+    assert "Read-only file system: '.venv/touched'" in (session.ws.root / record.log).read_text()
+    assert not (session.ws.root / ".venv/touched").exists()

@@ -96,16 +96,18 @@ def test_the_agents_commands_cannot_read_the_scorer_or_the_held_out_data(session
     log = (session.ws.root / session.state.attempts[-1].log).read_text()
     assert SECRET not in log and "accuracy" not in log, log
 
-    # a coding CLI's own namespace (Codex's and Claude Code's, Gemini's PID namespace) covers them too
-    for wrap in (lambda argv, fd: in_pid_namespace(argv, fd, session.sandbox().hidden),
-                 lambda argv, fd: in_network_namespace(argv, fd, session.sandbox(network=True).egress,
-                                                       session.sandbox().hidden)):
+    # the namespace of labrun's a coding CLI runs in (Claude Code's and Codex's network
+    # namespace, a PID namespace) covers them too, and keeps the engine's records read-only
+    guard = session.sandbox(network=True)
+    for wrap in (lambda argv, fd: in_pid_namespace(argv, fd, guard),
+                 lambda argv, fd: in_network_namespace(argv, fd, guard.egress, guard)):
         lifeline = Lifeline()
-        proc = lifeline.popen(wrap(["bash", "-c", probe], lifeline.fd), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+        proc = lifeline.popen(wrap(["bash", "-c", probe + "; echo forged > .labrun/state.json"], lifeline.fd),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=session.ws.root)
         out = proc.communicate(timeout=60)[0]
         lifeline.cut()
-        assert SECRET not in out and "accuracy" not in out, out
+        assert SECRET not in out and "accuracy" not in out and "Read-only file system" in out, out
+        assert "forged" not in session.ws.state_file.read_text()
 
     prompt = phase_system_prompt(session, "experiments")
     assert "results/predictions.txt" in prompt and "one predicted label per line" in prompt

@@ -173,6 +173,10 @@ class ClaudeCodeAgent(CliAgent):
             env["IS_SANDBOX"] = "1"  # Claude Code refuses to bypass permissions as root otherwise
         return env
 
+    def homes(self) -> tuple[Path, ...]:
+        config = os.environ.get("CLAUDE_CONFIG_DIR")
+        return (Path(config),) if config else (Path.home() / ".claude", Path.home() / ".claude.json")
+
     def needs_namespace(self, env: dict[str, str]) -> bool:
         """Claude Code's sandbox (on with the scrub) runs each Bash command in a PID namespace
         of its own that ends with the command and with claude, and it cannot make one inside
@@ -191,8 +195,9 @@ class ClaudeCodeAgent(CliAgent):
     @property
     def confines(self) -> str:
         if sandbox_on():
-            return ("(Bash) run in Claude Code's own sandbox (bubblewrap, no credentials, writes in the workspace), "
-                    "inside labrun's network namespace: egress through labrun's proxy, none of the machine's loopback")
+            return ("(Bash) run in Claude Code's own sandbox (bubblewrap, no credentials), inside labrun's network "
+                    "namespace: egress through labrun's proxy, none of the machine's loopback, writes only in the "
+                    "workspace (not its .labrun/), a /tmp of the session's and claude's own home")
         return "(Bash) run with Claude Code's permission rules only: install bubblewrap and socat for its sandbox"
 
     def announce(self) -> str:

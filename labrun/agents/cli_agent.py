@@ -252,16 +252,26 @@ class CliAgent:
 
     # what a backend gives
 
+    def homes(self) -> tuple[Path, ...]:
+        """What the CLI itself writes outside the workspace (its configuration, logins and
+        sessions): writable in the namespace of labrun's it runs in (`labrun.sandbox.guarded`),
+        with what `LABRUN_CLI_WRITABLE` names (paths separated by `:`)."""
+        return ()
+
     def sandbox(self, session) -> Sandbox:
-        """The session's sandbox; for a CLI that runs inside it, with the network, which the
-        CLI needs (its API, labrun's tools) whatever the session says."""
+        """The session's sandbox, with the CLI's own homes writable; for a CLI that runs
+        inside it, with the network, which the CLI needs (its API, labrun's tools) whatever
+        the session says."""
         sandbox = session.sandbox()
+        extra = [Path(p) for p in os.environ.get("LABRUN_CLI_WRITABLE", "").split(os.pathsep) if p.strip()]
+        homes = [h for h in (*self.homes(), *extra) if h.exists()]
+        sandbox = replace(sandbox, writable=(*sandbox.writable, *homes))
         if (self.in_sandbox or self.own_network) and not sandbox.network:
             if not self.warned_network:
                 log.warning("%s runs inside the sandbox and needs the network (its API, labrun's tools), so its "
                             "shell commands keep it despite --no-network", self.name)
                 self.warned_network = True
-            sandbox = session.sandbox(network=True)
+            sandbox = replace(sandbox, **{f: getattr(session.sandbox(network=True), f) for f in ("network", "egress")})
         return sandbox
 
     def egress(self, plan: RunPlan) -> Path | None:
@@ -401,9 +411,11 @@ class CliAgent:
         env = self.environment(plan)
         sandboxed = self.in_sandbox and plan.sandbox is not None and bubblewrap() is not None
         egress = self.egress(plan)
-        hidden = plan.sandbox.hidden if plan.sandbox is not None else ()  # a sealed evaluation's files
+        # What the CLI and its commands may not change or see, kept by a namespace of labrun's:
+        # one it gets anyway, or, for a sealed evaluation's files, one it must get.
+        guard = plan.sandbox if plan.sandbox is not None and not sandboxed else None
         namespace = (self.needs_namespace(env) and pid_namespaces()) or bool(
-            hidden and not sandboxed and egress is None and bubblewrap())
+            guard and guard.hidden and egress is None and bubblewrap())
         lifeline = Lifeline() if namespace or sandboxed or egress else None
         secrets = Secrets({k: env.pop(k) for k in list(env) if k in declared or is_secret_name(k)}) if sandboxed else None
         if (sandboxed or egress) and plan.sandbox.egress is not None:
@@ -412,7 +424,7 @@ class CliAgent:
         try:
             with open(stderr_path, "wb") as stderr:
                 proc = spawn(argv, cwd=toolbox.root, env=env, stderr=stderr, namespace=namespace, lifeline=lifeline,
-                             keep=(secrets.fd,) if secrets else (), egress=egress, hidden=hidden)
+                             keep=(secrets.fd,) if secrets else (), egress=egress, guard=guard)
         finally:
             if secrets:
                 secrets.close()
@@ -813,19 +825,19 @@ def _die_with_engine() -> None:
 
 def spawn(argv: list[str], cwd: Path, env: dict[str, str], stderr, namespace: bool = False,
           lifeline: Lifeline | None = None, keep: tuple[int, ...] = (), egress: Path | None = None,
-          hidden: tuple[Path, ...] = ()) -> subprocess.Popen:
+          guard: Sandbox | None = None) -> subprocess.Popen:
     """Start a CLI run tied to the engine: with a parent-death signal, and when asked for
     (`pid_namespaces()`) in a PID namespace that ends with the lifeline (`labrun.sandbox.watched`).
     It stays in the engine's process group, so a kill of that group reaches it too.
     `argv` may be a sandbox on the same lifeline; `keep`, descriptors it gets besides; with
     `egress`, in a network namespace whose one way out is that proxy (`in_network_namespace`);
-    either covers up `hidden`."""
+    either keeps what `guard`, the session's sandbox, keeps (`labrun.sandbox.guarded`)."""
     if namespace:
         assert lifeline is not None, "a PID namespace needs its lifeline"
-        argv = in_pid_namespace(argv, lifeline.fd, hidden)
+        argv = in_pid_namespace(argv, lifeline.fd, guard)
     elif egress is not None:
         assert lifeline is not None, "the network namespace's bridge needs its lifeline"
-        argv = in_network_namespace(argv, lifeline.fd, egress, hidden)
+        argv = in_network_namespace(argv, lifeline.fd, egress, guard)
     _prctl()  # resolved here, not in the forked child
     if lifeline:
         return lifeline.popen(argv, keep, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

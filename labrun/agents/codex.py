@@ -58,6 +58,7 @@ import re
 import shutil
 import subprocess
 import time
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from functools import lru_cache
 from pathlib import Path
@@ -68,6 +69,7 @@ from labrun.agents.names import AgentUnavailable
 from labrun.agents.cli_agent import (CliAgent, Finished, Outcome, Retrying, RunPlan, Started, ToolUsed, Verdict,
                                      passed_env, version)
 from labrun.egress import PROXY_URL, PROXY_VARIABLES
+from labrun.sandbox import Sandbox
 from labrun.usage import Usage
 from labrun.windows import clock
 
@@ -168,12 +170,22 @@ class CodexAgent(CliAgent):
     def needs_namespace(self, env: dict[str, str]) -> bool:
         return False  # its sandbox ends what its commands start, and cannot nest in labrun's
 
+    def homes(self) -> tuple[Path, ...]:
+        return (self.home,)
+
+    def sandbox(self, session) -> Sandbox:
+        """The session's, with the temp folder it gives Codex (TMPDIR) writable inside the
+        read-only `.labrun/`."""
+        sandbox = super().sandbox(session)
+        return replace(sandbox, writable=(*sandbox.writable, session.ws.data / "tmp"))
+
     def write_mcp_config(self, server, phase_dir: Path) -> None:
         return None  # on the command line, the token in the environment
 
     own_network = True
-    confines = ("run in Codex's own workspace-write sandbox (writes only in the workspace, no keys), inside "
-                "labrun's network namespace: egress through labrun's proxy, none of the machine's loopback")
+    confines = ("run in Codex's own workspace-write sandbox (no keys), inside labrun's network namespace: egress "
+                "through labrun's proxy, none of the machine's loopback, writes only in the workspace (not its "
+                ".labrun/), a /tmp of the session's and Codex's own home")
 
     def announce(self) -> str:
         said = version(self.executable) or "Codex (version unknown)"
