@@ -28,6 +28,7 @@ REPORT.md (`phases.report_header`), whatever it is.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -35,19 +36,23 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import psutil
 from prefect import task
 from prefect.transactions import CommitMode, transaction
 
-from labrun.commands import run_command
+from labrun.commands import kill_group, run_command
 from labrun.crashpoints import crashpoint
 from labrun.evidence import CITED
 from labrun.sandbox import bubblewrap
+from labrun.serving.processes import identified
 from labrun.session import Session
 from labrun.snapshot import CACHE_MARKER, ENVIRONMENT_MARKERS, ENVIRONMENT_NAMES, SKIPPED_NAMES, entry_digest
 from labrun.state import Attempt, Reproduction
 from labrun.tools import parse_metrics
+from labrun.workspace import write_json
 
 DEFAULT_MINUTES = 60.0
+GROUP = "group.json"
 DEFAULT_TOLERANCE = 1e-3
 
 
@@ -104,6 +109,7 @@ def rerun(session: Session, attempt: Attempt, left_s: float, tolerance: float) -
         why = "reproduction is turned off" if minutes == 0 else f"the {minutes:g} minutes for reproduction were spent"
         return Reproduction(status="SKIPPED", detail=f"not rerun: {why} (constraints.reproduce_minutes)")
     place = session.ws.data / "reproductions" / f"attempt-{attempt.n:03d}"
+    end_left_over(place)
     copy, environments, missing = rebuild(session, attempt, place)
     if missing:
         return Reproduction(status="SKIPPED", detail=f"not rerun: {missing}")
@@ -114,7 +120,7 @@ def rerun(session: Session, attempt: Attempt, left_s: float, tolerance: float) -
                           readonly=tuple(session.ws.root / e for e in environments))
     limit_s = min(session.time_limit_s, left_s)
     result = run_command(attempt.command, copy, log, timeout_s=limit_s, max_output_bytes=200_000_000,
-                         on_start=lambda pgid: crashpoint("reproduction"), sandbox=sandbox,
+                         on_start=lambda pgid: (note_group(place, pgid), crashpoint("reproduction")), sandbox=sandbox,
                          keys=session.key_names())
     recorded = dict(log=str(log.relative_to(session.ws.root)), duration_s=round(result.duration_s, 2))
     if result.timed_out and limit_s < session.time_limit_s:
@@ -136,6 +142,26 @@ def rerun(session: Session, attempt: Attempt, left_s: float, tolerance: float) -
     return Reproduction(status="REPRODUCED", metrics=metrics, **recorded,
                         detail=f"{len(attempt.metrics)} metric{'s' * (len(attempt.metrics) != 1)} the same, "
                                f"within a relative {tolerance:g}")
+
+
+def note_group(place: Path, pgid: int) -> None:
+    """The rerun's process group, by identity, for `end_left_over`."""
+    try:
+        write_json(place / GROUP, {"pgid": pgid, "started": psutil.Process(pgid).create_time()})
+    except psutil.NoSuchProcess:
+        pass  # ended already
+
+
+def end_left_over(place: Path) -> None:
+    """Kill what a rerun cut short by a killed engine left running: unsandboxed, nothing
+    else ends it (in bubblewrap its lifeline does). Only the group it noted, if its leader
+    is still that process."""
+    try:
+        noted = json.loads((place / GROUP).read_text())
+    except (OSError, ValueError):
+        return
+    if identified(noted["pgid"], noted["started"]) is not None:
+        kill_group(noted["pgid"])
 
 
 def rebuild(session: Session, attempt: Attempt, place: Path) -> tuple[Path, list[str], str | None]:

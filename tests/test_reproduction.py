@@ -180,3 +180,25 @@ def test_a_rerun_uses_the_workspaces_environment_as_it_is_read_only(session):
     assert record.status == "DIVERGED" and "the rerun failed" in record.detail, record
     assert "Read-only file system: '.venv/touched'" in (session.ws.root / record.log).read_text()
     assert not (session.ws.root / ".venv/touched").exists()
+
+
+def test_a_rerun_a_killed_engine_left_running_is_ended_by_its_identity(tmp_path):
+    """Unsandboxed, nothing else ends it: the next rerun kills the group the last one noted,
+    and only if its leader is still the process that was noted (a reused pid is left alone)."""
+    import subprocess
+
+    from labrun.phases.reproduction import GROUP, end_left_over, note_group
+
+    left = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    other = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        note_group(tmp_path, left.pid)
+        end_left_over(tmp_path)
+        assert left.wait(timeout=10) == -9
+        noted = json.loads((tmp_path / GROUP).read_text())
+        (tmp_path / GROUP).write_text(json.dumps({"pgid": other.pid, "started": noted["started"] - 1}))
+        end_left_over(tmp_path)  # the pid names another process now
+        assert other.poll() is None
+    finally:
+        left.kill()
+        other.kill()
