@@ -194,8 +194,7 @@ def watched(argv: list[str], lifeline: int, before: str = "") -> list[str]:
 
 def in_pid_namespace(argv: list[str], lifeline: int, guard: Sandbox | None = None) -> list[str]:
     """`argv` in a PID namespace of its own that ends with the lifeline (needs `bubblewrap()`);
-    `guard`: the session's sandbox, whose read-only folders and hidden files it keeps
-    (`guarded`)."""
+    with `guard`, the session's sandbox, the file system as `guarded` keeps it."""
     return [bubblewrap(), *PID_NAMESPACE, *guarded(guard), "--", *watched(argv, lifeline)]
 
 
@@ -230,7 +229,7 @@ def guarded(sandbox: Sandbox | None) -> list[str]:
 
 def in_network_namespace(argv: list[str], lifeline: int, egress: Path, guard: Sandbox | None = None) -> list[str]:
     """`argv` in a network namespace of its own whose one way out is the egress proxy at
-    `egress`, the file system as it is: for a CLI that confines its commands itself but would
+    `egress`, the file system as `guarded` keeps it for `guard`: for a CLI that confines its commands itself but would
     give them the machine's loopback (Codex, whose sandbox does not nest in a PID namespace of
     bubblewrap's: its own bubblewrap's children go to that namespace's init and it waits
     for good). No NO_PROXY, so that its calls to the endpoints the engine named on the
