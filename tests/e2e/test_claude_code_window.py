@@ -38,6 +38,7 @@ def test_a_spent_window_reschedules_the_flow_run(prefect_server, worker, tmp_pat
         "FAKE_CLAUDE_LOG": str(log),
         "FAKE_CLAUDE_FAULTS": str(faults),
         "LABRUN_PASS_ENV": "FAKE_CLAUDE_HOME,FAKE_CLAUDE_LOG,FAKE_CLAUDE_FAULTS,FAKE_CLAUDE_LOGGED_OUT",  # claude gets a scrubbed environment
+        "LABRUN_CLI_WRITABLE": str(tmp_path),  # the stand-in's files, in the namespace labrun runs it in
         "LABRUN_MIN_WINDOW_WAIT_S": "0",
         "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30",
     }
