@@ -67,7 +67,8 @@ def plain_session(ws: Path) -> None:
     idea = load_idea(IDEA)
     model = ScriptedModel(latency_s=0)
     ws.mkdir(parents=True)
-    for key, steps in SCRIPT.items():
+    for key in prompts.DEFAULT:  # the six research phases, as the demo idea runs them
+        steps = SCRIPT[key]
         system = prompts.system_prompt(key, idea.as_prompt_dict(), idea.guidance_domain, "")
         messages: list[dict] = [{"role": "user", "content": [{"type": "text", "text": prompts.kickoff(key)}]}]
         for _ in steps:

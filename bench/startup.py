@@ -1,5 +1,5 @@
 """Start-up: the time from invoking `labrun run` to the first phase starting (its
-"phase 1 planning started" line), with a cold Prefect home (no database yet: the very
+"phase 1 of 6 planning started" line), with a cold Prefect home (no database yet: the very
 first run) and a warm one. labrun's ways (the API kept from an earlier run, the default;
 LABRUN_KEEP_API=0, an API started for each run at once, in the background; a running server
 reused) run beside Prefect's default in the same rounds (the flow called without an API, so
@@ -38,7 +38,7 @@ from labrun.serving import kept_api  # noqa: E402
 from labrun.serving.processes import free_port, server_env, start_api, stop, wait_healthy  # noqa: E402
 
 DEMO = REPO / "examples" / "demo_noise_averaging.yaml"
-FIRST_PHASE = "phase 1 planning started"
+FIRST_PHASE = "phase 1 of 6 planning started"
 PREFECT_DEFAULT = (
     "import logging, sys; logging.basicConfig(level=logging.INFO); "
     "from labrun.flows.session import research_session; "

@@ -139,14 +139,13 @@ def all_phases_prompt(system: str, idea_dict: dict, domain: str) -> str:
     """One system prompt with every phase's instructions and domain guidance, then the idea
     and digest of `system` (a phase's prompt as sent), as NeuriCo's single prompt has it."""
     from labrun import prompts
-    from labrun.phases import PHASES
 
-    preamble = prompts._tidy(prompts.env.get_template("preamble.md.j2").render()).strip()
+    preamble = prompts._tidy(prompts.env.get_template("preamble.md.j2").render(total=len(prompts.DEFAULT))).strip()
     parts = ["# Research session: all six phases", preamble]
-    for n, p in enumerate(PHASES, 1):
-        rendered = prompts.system_prompt(p.key, idea_dict, domain, "")
+    for n, key in enumerate(prompts.DEFAULT, 1):
+        rendered = prompts.system_prompt(key, idea_dict, domain, "")
         start = rendered.index(preamble) + len(preamble)
-        parts.append(f"# Phase {n} of 6: {p.key}\n\n" + rendered[start:rendered.index("## The research idea")].strip())
+        parts.append(f"# Phase {n} of 6: {key}\n\n" + rendered[start:rendered.index("## The research idea")].strip())
     parts.append(system[system.index("## The research idea"):].strip())
     return "\n\n".join(parts) + "\n"
 
@@ -262,6 +261,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=3, help="interrupted sessions run at once (default 3)")
     parser.add_argument("--keep", help="keep the workspaces in this directory")
+    parser.add_argument("--phases", default="", metavar="KEY,...",
+                        help="the phases to interrupt (default: all six; CI's smoke run names one)")
     args = parser.parse_args(argv)
 
     root = Path(args.keep).resolve() if args.keep else Path(tempfile.mkdtemp(prefix="labrun-bench-"))
@@ -287,7 +288,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         with console.status("an uninterrupted session"):
             full = full_session(idea, root)
-        scenarios = [(p.key, cold) for p in PHASES for cold in (False, True)]
+        chosen = [k for k in args.phases.split(",") if k] or [p.key for p in PHASES]
+        scenarios = [(key, cold) for key in chosen for cold in (False, True)]
         runs: dict[tuple[str, str], Run] = {}
         with console.status(f"{len(scenarios)} sessions killed mid-phase and resumed ({args.jobs} at a time)"):
             with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:

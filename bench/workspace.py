@@ -83,7 +83,8 @@ def attempt(session, n: int) -> None:
 
 
 def phase(session) -> None:
-    from labrun.phases.phase import phase_version, run_phase
+    from labrun.phases import phase_version
+    from labrun.phases.phase import run_phase
 
     task = run_phase.with_options(result_storage=session.ws.results, refresh_cache=True)
     task(session_id=session.state.session_id, workspace=str(session.ws.root), phase_key="planning",

@@ -10,24 +10,31 @@ from __future__ import annotations
 
 import errno
 import logging
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from uuid import UUID
 
-from prefect import flow
+from prefect import flow, get_run_logger
 from prefect.context import FlowRunContext, TaskRunContext
 from prefect.exceptions import TerminationSignal
 from prefect.logging.handlers import APILogHandler
 from prefect.states import State
 
-from labrun.agents import AgentUnavailable, require_priced
+from pydantic import Field
+
+from labrun.agents import AGENTS, AgentUnavailable, require_priced
 from labrun.artifacts import SessionArtifacts
-from labrun.branches import finish_rerun, rerun
+from labrun.branches import check_rerun_start, finish_rerun, rerun
 from labrun.keys import unset, unset_line
 from labrun.model import UsageWindowSpent
+from labrun.flows.review import gate
+from labrun.review import review_round
 from labrun.session import Session
 from labrun.state import FlowRunRecord
-from labrun.status import session_status
+from labrun.status import nothing_to_do, session_status
 from labrun.windows import wait_out
-from labrun.phases.phase import manifest_digest, phase_version, run_phase
+from labrun.phases import phase_version
+from labrun.phases.phase import manifest_digest, run_phase
 
 
 class _RunLogHandler(APILogHandler):
@@ -42,26 +49,38 @@ class _RunLogHandler(APILogHandler):
 _labrun_log = logging.getLogger("labrun")
 if not any(isinstance(h, APILogHandler) for h in _labrun_log.handlers):  # PREFECT_LOGGING_EXTRA_LOGGERS
     _labrun_log.addHandler(_RunLogHandler())
+# On a worker nothing else sets it, and Prefect's root logger (WARNING) would drop every event.
+if _labrun_log.level == logging.NOTSET:
+    _labrun_log.setLevel(logging.INFO)
+
+
+def _run_name() -> str:
+    """Every run of a session, however started, is named after its workspace, as `labrun
+    queue` names them (`<idea>-<hash>`), so that the UI lists a session's runs together."""
+    from prefect.runtime import flow_run
+
+    return Path(flow_run.parameters.get("workspace") or "research-session").name
 
 
 class SessionStopped(Exception):
     """The session stopped short; the message says why and how to resume."""
 
 
-@flow(name="research-session", log_prints=True, persist_result=False)
+@flow(name="research-session", flow_run_name=_run_name, log_prints=True, persist_result=False)
 def research_session(
-    idea_path: str | None,
-    workspace: str,
-    agent: str | None = None,
+    idea_path: str | None = None,
+    workspace: str | None = None,
+    agent: Literal[AGENTS] | None = None,
     model: str | None = None,
-    budget_usd: float | None = None,
-    max_turns: int | None = None,
+    budget_usd: Annotated[float, Field(ge=0)] | None = None,
+    max_turns: Annotated[int, Field(ge=1)] | None = None,
     with_phases: list[str] | None = None,
     paper_style: str | None = None,
     network: bool | None = None,
     from_phase: str | None = None,
     note: str | None = None,
     pass_env: list[str] | None = None,
+    review_after: list[str] | None = None,
 ) -> dict[str, Any]:
     """`with_phases`: optional phases a new session runs too (e.g. ["resources", "paper"]),
     besides those its idea asks for; `paper_style`: the paper phase's LaTeX style (plain by
@@ -69,14 +88,27 @@ def research_session(
     runs the agent's commands without network from now on. `pass_env`: names of keys (API
     keys, tokens) the experiments' commands get besides the idea's `constraints.api_keys`;
     the session keeps them, and a resume adds to them (their values come from this process's
-    environment: a worker's, for a deployment run).
+    environment: a worker's, for a deployment run). `review_after`: phases a person reviews
+    once they complete (`labrun.review`); a new session takes them, else the idea's
+    `metadata.review_after`; a later run's list replaces the session's.
 
     `from_phase`: start a new branch of a session at this finished phase (`labrun rerun`):
     the phases before it are reused, it and the later ones run again with `agent` and `model`;
     `note` says why. A retry of this run continues the branch it started."""
+    if not workspace:
+        raise SessionStopped(
+            "this run names no workspace: give the parameters workspace (and idea_path for a new session); "
+            "a schedule made with `prefect deployment schedule create` passes none (see docs/server-mode.md, "
+            "Scheduling a session)")
+    if not from_phase and (reason := nothing_to_do(Path(workspace), idea_path)):
+        get_run_logger().info("%s: %s; nothing to do", workspace, reason)
+        return {"complete": True}
     rerunning = bool(from_phase)  # the branch gets agent and model; the earlier one keeps its own
+    if rerunning:
+        check_rerun_start(Path(workspace), from_phase)  # before anything is written
     session = Session.open(workspace, idea_path, None if rerunning else agent, None if rerunning else model,
-                           budget_usd, max_turns, with_phases or (), paper_style, network, pass_env or ())
+                           budget_usd, max_turns, with_phases or (), paper_style, network, pass_env or (),
+                           review_after)
     try:
         if rerunning:
             rerun(session, from_phase, agent, model, note or "", _flow_run_id(), session_status)
@@ -88,6 +120,7 @@ def research_session(
     artifacts = SessionArtifacts.attach(session)  # STATE.md, attempts, progress, usage in the UI
     try:
         _record_flow_run(session)
+        _crash_left_attempts(session)
         return run_session(session)
     except KeyboardInterrupt as e:  # labrun.interrupts.Interrupted names the signal
         _record_interruption(session, str(e) or "Ctrl-C (SIGINT)")
@@ -101,7 +134,7 @@ def research_session(
 
 
 def run_session(session: Session) -> dict[str, Any]:
-    store, ws = session.store, session.ws
+    store = session.store
     store.log(f"session run started (agent {session.state.agent})")
     # A deployment run comes here without the command line's checks.
     require_priced(session.state.agent, session.state.model, session.state.budget_usd)
@@ -115,39 +148,54 @@ def run_session(session: Session) -> dict[str, Any]:
         if changed:
             store.log(f"phase {number} {phase.key}: outputs changed ({', '.join(changed[:5])}); running it again")
         refresh = refresh or bool(changed)
-        task = run_phase.with_options(result_storage=ws.results, refresh_cache=refresh)
-        params = dict(
-            session_id=session.state.session_id,
-            workspace=str(ws.root),
-            phase_key=phase.key,
-            number=number,
-            version=phase_version(phase.key),
-            upstream="-".join(upstream) or "none",
-            rerun=refresh,
-            branch=session.state.branch,
-            kept=kept.get(phase.key),
-        )
-        state: State = task(**params, return_state=True)
-        while isinstance(spent := _exception(state), UsageWindowSpent):
-            # On a worker this reschedules the flow run for the reset time and exits instead.
-            wait_out(spent, f"phase {number} {phase.key}", store)
-            state = task(**params, return_state=True)  # resumes the phase from its journal
-        if not state.is_completed():
-            error = _reason(state)
-            store.set_phase(phase.key, "FAILED", f"phase {number} {phase.key} failed: {error}", error)
-            if isinstance(_exception(state), AgentUnavailable):
-                raise _exception(state)  # its message says what to install or run
-            raise SessionStopped(f"phase {phase.key} stopped: {error}")
-        manifest = state.result()
-        cached = state.name == "Cached"
-        if cached:
-            event = f"phase {number} {phase.key} skipped (finished earlier)"
-        else:
-            event = f"phase {number} {phase.key} finished"
-        store.set_phase(phase.key, "DONE", event)
+        while True:  # once, and again for each revision a reviewer asks for
+            manifest = _run_phase(session, number, phase.key, upstream, refresh, kept.get(phase.key))
+            outcome = gate(session, number, phase.key, manifest) if phase.key in session.state.review_after else "approved"
+            if outcome != "revised":
+                break
+        if outcome == "waiting":
+            return {"session": session.state.session_id, "complete": False, "awaiting_review": phase.key}
+        if outcome == "stopped":
+            return {"session": session.state.session_id, "complete": False, "stopped_by_review": phase.key}
         upstream.append(manifest_digest(manifest))
     store.log("session complete")
     return {"session": session.state.session_id, "complete": True}
+
+
+def _run_phase(session: Session, number: int, key: str, upstream: list[str], refresh: bool,
+               kept: str | None) -> dict[str, Any]:
+    """The phase's task, to its manifest (from the cache when it finished earlier)."""
+    store = session.store
+    task = run_phase.with_options(result_storage=session.ws.results, refresh_cache=refresh)
+    params = dict(
+        session_id=session.state.session_id,
+        workspace=str(session.ws.root),
+        phase_key=key,
+        number=number,
+        version=phase_version(key),
+        upstream="-".join(upstream) or "none",
+        rerun=refresh,
+        branch=session.state.branch,
+        kept=kept,
+        review_round=review_round(session.state, key),
+    )
+    state: State = task(**params, return_state=True)
+    while isinstance(spent := _exception(state), UsageWindowSpent):
+        # On a worker this reschedules the flow run for the reset time and exits instead.
+        wait_out(spent, f"phase {number} {key}", store)
+        state = task(**params, return_state=True)  # resumes the phase from its journal
+    if not state.is_completed():
+        error = _reason(state)
+        store.set_phase(key, "FAILED", f"phase {number} {key} failed: {error}", error)
+        if isinstance(_exception(state), AgentUnavailable):
+            raise _exception(state)  # its message says what to install or run
+        raise SessionStopped(f"phase {key} stopped: {error}")
+    if state.name == "Cached":
+        event = f"phase {number} of {len(session.phases)} {key} skipped (finished earlier)"
+    else:
+        event = f"phase {number} of {len(session.phases)} {key} finished"
+    store.set_phase(key, "DONE", event)
+    return state.result()
 
 
 def _record_flow_run(session: Session) -> None:
@@ -156,6 +204,26 @@ def _record_flow_run(session: Session) -> None:
     session.state.last_run = FlowRunRecord(
         id=str(run.id), name=run.name, deployment_id=str(run.deployment_id) if run.deployment_id else None)
     session.store.save()
+
+
+def _crash_left_attempts(session: Session) -> None:
+    """A killed engine leaves its attempts' task runs Running in Prefect: each one whose
+    attempt the session now calls INTERRUPTED is set Crashed, so the UI agrees with STATE.md."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed
+
+    left = [a for a in session.state.attempts if a.status == "INTERRUPTED" and a.task_run]
+    if not left:
+        return
+    try:
+        with get_client(sync_client=True) as client:
+            for a in left:
+                if not client.read_task_run(UUID(a.task_run)).state.is_final():
+                    client.set_task_run_state(UUID(a.task_run), Crashed(
+                        message=f"attempt {a.n}: the engine running it stopped; the session marked it INTERRUPTED"),
+                        force=True)
+    except Exception as e:  # the UI's view is never worth a session
+        logging.getLogger("labrun").warning("could not mark the killed attempts' task runs Crashed: %s", e)
 
 
 def _record_interruption(session: Session, reason: str) -> None:

@@ -1,7 +1,7 @@
-"""What the Prefect UI shows of a session: STATE.md, the attempts, the progress across the
-six phases, and tokens and cost, as artifacts of the session's flow run.
+"""What the Prefect UI shows of a session: STATE.md, the attempts, the progress across its
+phases, and tokens and cost, as artifacts of the session's flow run.
 
-Each artifact has a fixed key per session (`labrun-<session id>-state`, `-attempts`,
+Each artifact has a fixed key per session (`labrun-<idea's title>-<session id>-state`, `-attempts`,
 `-progress`, `-usage`), so the UI's Artifacts page keeps a version per run of the session
 (a resume, a retry from the UI); within a run that version is updated in place.
 
@@ -21,6 +21,7 @@ import threading
 from typing import Any
 from uuid import UUID
 
+from labrun.idea import slugify
 from labrun.secrets import redact
 from labrun.session import Session
 from labrun.state import SessionState
@@ -32,13 +33,14 @@ DEFAULT_INTERVAL_S = 2.0
 CELL_CHARS = 300
 ATTEMPT_COLUMNS = ("attempt", "phase", "status", "command", "exit code", "duration (s)",
                    "error", "fix applied", "metrics", "engine's rerun")
-USAGE_COLUMNS = ("phase", "status", "runs", "input tokens", "output tokens",
-                 "cache read tokens", "cache write tokens", "cost (USD)")
+USAGE_COLUMNS = ("phase", "status", "runs", "input", "output", "cache read", "cache write", "USD")
+"""Short headings (tokens, but for the cost), so that the table fits the UI's width."""
 
 
-def artifact_key(session_id: str, kind: str) -> str:
-    """Artifact keys allow lowercase letters, digits and dashes; session ids are hex."""
-    return f"labrun-{session_id}-{kind}"
+def artifact_key(title: str, session_id: str, kind: str) -> str:
+    """`labrun-<idea's title>-<session>-<kind>`: the UI's artifact cards say which idea each
+    is of. Keys allow lowercase letters, digits and dashes; session ids are hex."""
+    return f"labrun-{slugify(title, 32)}-{session_id}-{kind}"
 
 
 def _cell(value: Any) -> Any:
@@ -77,7 +79,7 @@ def usage_table(report: dict[str, Any]) -> dict[str, list[Any]]:
 
 
 def progress(report: dict[str, Any]) -> float:
-    """Per cent of the six phases done."""
+    """Per cent of the session's phases done."""
     phases = report["phases"]
     return round(100.0 * sum(p["status"] == "DONE" for p in phases) / len(phases), 1)
 
@@ -179,14 +181,14 @@ class SessionArtifacts:
 
         views = self.views()
         title = redact(self.title)
-        key = lambda kind: artifact_key(self.session_id, kind)  # noqa: E731
+        key = lambda kind: artifact_key(title, self.session_id, kind)  # noqa: E731
         with self._send_lock:
             self.ids["state"] = create_markdown_artifact(
                 views["state"], key=key("state"),
                 description=f"STATE.md of the labrun session {self.session_id}: {title}")
             self.ids["progress"] = create_progress_artifact(
                 views["progress"], key=key("progress"),
-                description=f"Phases done of six, session {self.session_id}")
+                description=f"Phases done, of {len(self.session.phases)}: session {self.session_id}")
             self.ids["attempts"] = create_table_artifact(
                 views["attempts"], key=key("attempts"),
                 description=f"Experiment attempts of session {self.session_id}")

@@ -28,10 +28,11 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
+from labrun import suggest
 from labrun.crashpoints import crashpoint
 from labrun.journal import Conversation, phase_usage
 from labrun.phases import BY_KEY
-from labrun.session import Session, changed_outputs, read_manifest, total_usage
+from labrun.session import Session, changed_outputs, total_usage
 from labrun.snapshot import workspace_files
 from labrun.state import Attempt, Branch, PhaseRecord, SessionState, StateStore, now
 from labrun.tools import parse_metrics
@@ -99,11 +100,20 @@ def rerun(session: Session, from_phase: str, agent: str | None, model: str | Non
     finish_rerun(session)
 
 
+def check_rerun_start(root: Path, from_phase: str) -> None:
+    """A rerun of a session that is there, from one of its phases: refused before a file is
+    written (a deployment run comes without the command line's checks)."""
+    ws = Workspace(root)
+    if not ws.state_file.is_file():
+        raise BranchError(f"{root}: no labrun session here to rerun; start one with `labrun run IDEA.yaml "
+                          f"--workspace {root}`")
+    check_rerun(StateStore.load(ws).state, from_phase, root)
+
+
 def check_rerun(state: SessionState, from_phase: str, root: Path) -> None:
     """A rerun needs a phase of this session; the CLI asks before starting an engine."""
     if from_phase not in state.phases:
-        raise BranchError(f"{root}: unknown phase {from_phase!r}; this session's phases are: "
-                          f"{', '.join(state.phases)}")
+        raise BranchError(f"{root}: {suggest.unknown('phase', from_phase, state.phases)}")
 
 
 def not_finished(state: SessionState, from_phase: str, root: Path) -> str | None:
@@ -308,7 +318,7 @@ def _view(ws: Workspace, state: SessionState, n: int) -> tuple[Path, list[Attemp
         start = list(state.phases).index(all_branches(state)[-1].from_phase)
         produced = set()
         for key in list(state.phases)[start:]:
-            manifest = read_manifest(ws, key)
+            manifest = ws.manifest(key)
             produced |= set(manifest["files"]) if manifest else set()
         return ws.root, state.attempts, produced
     record = archived(ws, n)

@@ -32,6 +32,8 @@ from pydantic import (
     model_validator,
 )
 
+from labrun import suggest
+
 # NeuriCo's domains (its config/domains.yaml), plus computational_biology. A domain outside
 # this list is allowed, as in NeuriCo, and gets the general guidance with a warning.
 KNOWN_DOMAINS: tuple[str, ...] = (
@@ -219,6 +221,21 @@ def _phase_names(value: Any) -> Any:
     return value
 
 
+def _review_names(value: Any) -> Any:
+    """`review_after: [planning, analysis]` or `"planning,analysis"`; each a phase labrun knows
+    (whether the session has it is checked when it starts)."""
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        from labrun import suggest
+        from labrun.phases import BY_KEY
+
+        for name in value:
+            if name not in BY_KEY:
+                raise ValueError(suggest.unknown("phase", name, BY_KEY))
+    return value
+
+
 def _inside_path(value: Any) -> Any:
     if isinstance(value, str) and (value.startswith("/") or ".." in Path(value).parts or not value.strip()):
         raise ValueError("must be a path inside the workspace (relative, without '..')")
@@ -252,6 +269,8 @@ class Metadata(_Section):
     # idea asks for (labrun's `--with`).
     with_phases: Annotated[list[str], BeforeValidator(_phase_names)] | None = None
     paper_style: str | None = None  # NeuriCo's own key ("ams" in its mathematics ideas)
+    review_after: Annotated[list[str], BeforeValidator(_review_names)] | None = None
+    """labrun's: the phases a person reviews once they complete (`--review-after`)."""
 
 
 class Idea(_Section):
@@ -300,6 +319,11 @@ class Idea(_Section):
         return list(self.metadata.with_phases or []) if self.metadata else []
 
     @property
+    def review_after(self) -> list[str]:
+        """The phases the idea asks a person to review (`metadata.review_after`)."""
+        return list(self.metadata.review_after or []) if self.metadata else []
+
+    @property
     def paper_style(self) -> str | None:
         """The paper style the idea asks for, if labrun has it (else a warning says so)."""
         from labrun.paper import style_names
@@ -326,7 +350,7 @@ class Idea(_Section):
     @property
     def slug(self) -> str:
         """A short, filesystem-safe name made from the title."""
-        return _slugify(self.title)
+        return slugify(self.title)
 
     def as_prompt_dict(self) -> dict[str, Any]:
         """The idea as plain data (str, numbers, lists, dicts) for prompt templates; no None."""
@@ -494,13 +518,14 @@ def _child(node: yaml.Node, key: Any) -> tuple[int, yaml.Node] | None:
 def _warnings(idea: Idea, doc: dict[str, Any], root: yaml.Node) -> list[str]:
     found = []
     if idea.guidance_domain == GENERAL_DOMAIN and _normal_domain(idea.domain) != GENERAL_DOMAIN:
-        found.append(f"unknown domain {idea.domain!r}: using general guidance")
+        near = suggest.unknown("domain", idea.domain, KNOWN_DOMAINS).split(";")[0]  # the list is long
+        found.append(f"{near}: using general guidance")
     wanted = idea.metadata.paper_style if idea.metadata else None
     if wanted and idea.paper_style is None:
         from labrun.paper import DEFAULT_STYLE, style_names
 
-        found.append(f"unknown paper style {wanted!r} (metadata.paper_style): using {DEFAULT_STYLE!r}; "
-                     f"the styles are: {', '.join(style_names())}")
+        found.append(f"{suggest.unknown('paper style', wanted, style_names(), 'styles')} (metadata.paper_style): "
+                     f"using {DEFAULT_STYLE!r}")
     for key in doc:
         if key != "idea":
             found.append(
@@ -570,7 +595,7 @@ def _normal_domain(domain: str) -> str:
     return re.sub(r"[\s-]+", "_", domain.strip().lower())
 
 
-def _slugify(title: str, max_len: int = 48) -> str:
+def slugify(title: str, max_len: int = 48) -> str:
     ascii_title = unicodedata.normalize("NFKD", title).encode("ascii", "ignore").decode()
     words = re.findall(r"[a-z0-9]+", ascii_title.lower().replace("'", ""))  # Gauss's -> gausss
     slug = ""

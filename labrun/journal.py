@@ -86,10 +86,21 @@ class Conversation:
 
     # -- reading ---------------------------------------------------------------------------
 
+    def _since_revision(self) -> list[dict[str, Any]]:
+        """The records since a reviewer last sent the phase back (`labrun.review`): a
+        completion before that no longer stands."""
+        marks = [i for i, r in enumerate(self.records) if r.get("revision")]
+        return self.records[marks[-1]:] if marks else self.records
+
+    @property
+    def revising(self) -> bool:
+        """The last record is a reviewer's revision, not answered yet."""
+        return bool(self.records) and bool(self.records[-1].get("revision"))
+
     @property
     def completed(self) -> dict[str, Any] | None:
         """The manifest, once the phase completed in this conversation."""
-        for r in reversed(self.records):
+        for r in reversed(self._since_revision()):
             if r["kind"] == "complete":
                 return r["manifest"]
         return None
@@ -97,7 +108,7 @@ class Conversation:
     def completion(self) -> dict[str, Any] | None:
         """The input of the `complete_phase` call that succeeded in this conversation."""
         calls = {}
-        for r in self.records:
+        for r in self._since_revision():
             if r["kind"] == "reply":
                 calls.update({b["id"]: b.get("input") or {} for b in r["content"]
                               if b.get("type") == "tool_use" and b.get("name") == "complete_phase"})

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-from labrun import latex
+from labrun import latex, suggest
 from labrun.resources import TEMPLATES
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ def load_style(name: str) -> PaperStyle:
     """The style `name`; a ValueError that lists the styles when there is none."""
     folder = STYLES / name
     if not name or "/" in name or not (folder / "style.yaml").is_file():
-        raise ValueError(f"unknown paper style {name!r}; the styles are: {', '.join(style_names())}")
+        raise ValueError(suggest.unknown("paper style", name, style_names(), "styles"))
     meta = yaml.safe_load((folder / "style.yaml").read_text())
     return PaperStyle(name, meta["description"].strip(), (meta.get("notes") or "").strip(), folder)
 

@@ -33,7 +33,7 @@ from labrun.agents.names import web_tools
 from labrun.phases import BY_KEY, DEFAULT, Phase, section_titles
 from labrun.plan import coverage
 from labrun.state import add_clock_filters
-from labrun import resources
+from labrun import resources, suggest
 from labrun.resources import TEMPLATES
 
 FALLBACK_DOMAIN = "general"
@@ -81,7 +81,7 @@ def _phase(phase_key: str) -> Phase:
         return BY_KEY[phase_key]
     except KeyError:
         raise ValueError(
-            f"unknown phase {phase_key!r}; the phases are: {', '.join(BY_KEY)}"
+            suggest.unknown("phase", phase_key, BY_KEY)
         ) from None
 
 
@@ -183,7 +183,7 @@ def system_prompt(phase_key: str, idea: dict, domain: str, digest: str,
                   order: Sequence[str] = DEFAULT, extra: dict[str, Any] | None = None) -> str:
     """The system prompt of one phase. Its first line is `# Phase N of M: <key>`. `extra`:
     variables for the phase's own templates (what its `setup` returned, the web tools)."""
-    values = {**(extra or {}), **_phase_vars(phase_key, order)}
+    values = {"reviewer_notes": (), **(extra or {}), **_phase_vars(phase_key, order)}
     idea = _unwrap(dict(idea or {}))
     layout = layers(phase_key, domain)
     phase_env = _env_for(values["phase"].templates)
@@ -210,7 +210,8 @@ def phase_system_prompt(session: Any, phase_key: str) -> str:
 def template_context(session: Any, phase: Phase) -> dict[str, Any]:
     """What the phase's own templates get besides the idea and the digest: the backend's web
     tools when the phase offers them, and what the phase's `setup` returned (it runs now)."""
-    context: dict[str, Any] = {"web_tools": web_tools(session.state.agent) if phase.web else ()}
+    context: dict[str, Any] = {"web_tools": web_tools(session.state.agent) if phase.web else (),
+                               "reviewer_notes": session.state.notes_for(phase.key)}
     if phase.setup is not None:
         context.update(phase.setup(session))
     return context
@@ -225,6 +226,11 @@ def resume_note(phase_key: str, interrupted: list[str], order: Sequence[str] = D
     """The user note added when a phase's conversation resumes after an interruption."""
     return _tidy(env.get_template("resume_note.md.j2").render(
         **_phase_vars(phase_key, order), interrupted=list(interrupted or [])))
+
+
+def revision(phase_key: str, text: str, order: Sequence[str] = DEFAULT) -> str:
+    """The user message that sends a finished phase back with a reviewer's request."""
+    return _tidy(env.get_template("revision.md.j2").render(**_phase_vars(phase_key, order), text=text.strip()))
 
 
 def nudge(phase_key: str, missing: str, order: Sequence[str] = DEFAULT) -> str:

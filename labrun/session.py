@@ -10,7 +10,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterable
 
-from labrun.agents.names import CLI_AGENTS, DEFAULT_AGENT
+from labrun import suggest
+from labrun.agents.names import AGENTS, CLI_AGENTS, DEFAULT_AGENT
 from labrun.commands import kill_group
 from labrun.idea import Idea, load_idea
 from labrun.state import DEFAULT_TIME_LIMIT_S, Attempt, PhaseRecord, SessionState, StateStore, session_clock
@@ -25,8 +26,18 @@ from labrun.snapshot import changed, entry_digest
 from labrun.usage import Budget, Usage
 from labrun.workspace import Workspace, write_json
 from labrun.paper import DEFAULT_STYLE, load_style
-from labrun.phases import BY_KEY, Phase, Work, phase_list
+from labrun.phases import BY_KEY, Phase, Work, phase_list, review_after_phases
 
+
+
+def check_limits(agent: str | None, budget_usd: float | None, max_turns: int | None) -> None:
+    """What a deployment run can pass that the command line refuses: one line each."""
+    if agent is not None and agent not in AGENTS:
+        raise ValueError(suggest.unknown("agent", agent, AGENTS))
+    if budget_usd is not None and not budget_usd >= 0:
+        raise ValueError(f"budget_usd {budget_usd}: a budget is zero or more US dollars")
+    if max_turns is not None and max_turns < 1:
+        raise ValueError(f"max_turns {max_turns}: a phase needs at least one turn")
 
 
 class SessionMismatch(Exception):
@@ -43,12 +54,6 @@ def changed_outputs(manifest: dict[str, Any], recorded: dict[str, str], root: Pa
         if now is None or (not missing_only and now != recorded.get(rel)):
             changed.append(rel)
     return changed
-
-
-def read_manifest(ws: Workspace, phase_key: str) -> dict[str, Any] | None:
-    """What the phase's last finished run produced (None before it first finishes)."""
-    path = ws.phase_dir(phase_key) / "manifest.json"
-    return json.loads(path.read_text()) if path.exists() else None
 
 
 class Session:
@@ -80,12 +85,15 @@ class Session:
         paper_style: str | None = None,
         network: bool | None = None,
         pass_env: Iterable[str] = (),
+        review_after: Iterable[str] | None = None,
     ) -> "Session":
         """Open (or create) the session in `workspace` and hold its lock until `close`.
         `with_phases` names the optional phases a new session runs besides the default ones
         and those its idea asks for (`metadata.with_phases`); `paper_style` is the paper
         phase's style (else the idea's `metadata.paper_style`, else the plain one);
-        `pass_env` names keys for the experiments besides the idea's (a resume adds them)."""
+        `pass_env` names keys for the experiments besides the idea's (a resume adds them);
+        `review_after` the phases a person reviews (else the idea's; a resume's replaces them)."""
+        check_limits(agent, budget_usd, max_turns)  # before anything is written
         ws = Workspace(workspace)
         idea = load_idea(idea_path) if idea_path else None
         with_phases = [p for p in with_phases if p.strip()]
@@ -95,6 +103,12 @@ class Session:
         style = paper_style or (idea.paper_style if idea else None)
         if style is not None:
             load_style(style)
+        if review_after is not None:
+            review_after = list(review_after)
+        if idea is not None and not ws.state_file.exists():  # before anything is written
+            review_after = review_after_phases(idea.review_after if review_after is None else review_after, keys)
+        elif review_after is not None:
+            review_after_phases(review_after, phase_list(BY_KEY))
         if ws.state_file.exists() and idea is not None:
             state = StateStore.load(ws).state
             if state.idea_hash != idea.content_hash:
@@ -115,6 +129,7 @@ class Session:
                 session._check_paper_style(paper_style)
                 session._migrate()
                 session._settle(agent, model, budget_usd, max_turns, network, list(pass_env))
+                session._settle_reviews(review_after)
                 session.reconcile_after_crash()
             else:
                 if idea is None:
@@ -139,6 +154,7 @@ class Session:
                     network=network is not False,
                     pass_env=pass_env,
                     sealed=sealed,
+                    review_after=review_after,
                 )
                 store = StateStore(ws, state)
                 session = cls(ws, store, idea)
@@ -220,6 +236,21 @@ class Session:
         if network is False and self.state.network:
             self.state.network = False
             self.store.event("agent commands run without network from now on (--no-network)")
+        self.store.save()
+
+    def _settle_reviews(self, review_after: list[str] | None) -> None:
+        """A run's `review_after` replaces the session's; a review still awaited of a phase
+        no longer named is dropped."""
+        if review_after is None:
+            return
+        wanted = review_after_phases(review_after, list(self.state.phases))
+        if wanted == self.state.review_after:
+            return
+        self.state.review_after = wanted
+        dropped = [r for r in self.state.reviews if not r.applied and r.phase not in wanted]
+        self.state.reviews = [r for r in self.state.reviews if r not in dropped]
+        self.store.event(f"phases reviewed by a person from now on: {', '.join(wanted) or 'none'}"
+                         + "".join(f"; phase {r.phase} no longer awaits review" for r in dropped))
         self.store.save()
 
     def reconcile_after_crash(self) -> None:
@@ -315,7 +346,7 @@ class Session:
             self.store.save()
 
     def manifest(self, phase_key: str) -> dict[str, Any] | None:
-        return read_manifest(self.ws, phase_key)
+        return self.ws.manifest(phase_key)
 
     def stale_outputs(self, phase_key: str) -> list[str]:
         manifest = self.manifest(phase_key)

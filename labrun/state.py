@@ -34,11 +34,6 @@ PhaseStatus = Literal["pending", "IN PROGRESS", "DONE", "FAILED"]
 TRANSITIONS = {"IN PROGRESS": "phase-start", "DONE": "phase-done", "FAILED": "phase-failed"}
 """The crash point (labrun.crashpoints) just before each kind of phase-table write."""
 AttemptStatus = Literal["RUNNING", "FAILED", "SUCCESS", "INTERRUPTED"]
-STATE_SECTIONS = (
-    "Session Title", "Current State", "Worklog", "Research Specification",
-    "Files and Resources", "Workflow", "Experiment Design", "Experiment Attempts",
-    "Experiment Results", "Learnings",
-)
 
 
 def now() -> str:
@@ -106,6 +101,8 @@ class Attempt(BaseModel):
     metrics_file: str | None = None
     log: str = ""
     pgid: int | None = None
+    task_run: str | None = None
+    """Its Prefect task run: the resume after a kill marks it Crashed, as the attempt is INTERRUPTED."""
     branch: int = 1
     """The branch of the session it ran in (`labrun rerun`); the numbering is one sequence."""
     reproduction: Reproduction | None = None
@@ -136,6 +133,33 @@ class Branch(BaseModel):
     """Usage of the phase journals moved into its archive (still part of the session's)."""
     cleaned: bool = True
     """False until the workspace is cleared of the replaced phases' outputs."""
+
+
+ReviewDecision = Literal["approve", "revise", "stop"]
+
+
+class Review(BaseModel):
+    """A person's review of a finished phase (`labrun.review`): asked for when the phase
+    completes, decided by `labrun review` or the Prefect UI's Resume form, then applied once."""
+
+    phase: str
+    branch: int = 1
+    round: int = 1
+    """1, and one more for each revision the phase was sent back with."""
+    requested_at: str = Field(default_factory=now)
+    outputs: list[str] = Field(default_factory=list)
+    """What the phase wrote, for the reviewer to read (its manifest's files)."""
+    decision: ReviewDecision | None = None
+    text: str = ""
+    """The approval's comment (it reaches every later phase's prompt) or the revision asked for."""
+    reviewer: str | None = None
+    """The OS user who ran `labrun review`, or what the Prefect UI's form said."""
+    decided_at: str | None = None
+    applied: bool = False
+    pause_key: str | None = None
+    """A deployment run's suspension for this review (`suspend_flow_run`'s key)."""
+    flow_run: str | None = None
+    """The suspended deployment run that waits for it."""
 
 
 class FlowRunRecord(BaseModel):
@@ -192,6 +216,10 @@ class SessionState(BaseModel):
     """The idea's sealed evaluation, if it names one (`labrun.sealed`)."""
     branches: list[Branch] = Field(default_factory=list)
     """Empty until the first `labrun rerun`; then every branch, the current one last."""
+    review_after: list[str] = Field(default_factory=list)
+    """Phases a person reviews once they complete (`--review-after`, `metadata.review_after`)."""
+    reviews: list[Review] = Field(default_factory=list)
+    """Every review asked for, decided and applied, in order."""
 
     @property
     def branch(self) -> int:
@@ -201,14 +229,41 @@ class SessionState(BaseModel):
     def live_attempts(self) -> list[Attempt]:
         """The attempts the current branch stands on: its own, and those of earlier branches
         made in phases that no later branch ran again."""
+        return [a for a in self.attempts if not self.superseded(a.phase, a.branch)]
+
+    def superseded(self, phase: str, branch: int) -> bool:
+        """What `branch` did in `phase` was done again by a later branch (`labrun rerun`)."""
         order = list(self.phases)
+        return phase in order and any(
+            b.n > branch and b.from_phase in order and order.index(phase) >= order.index(b.from_phase)
+            for b in self.branches)
 
-        def rerun_later(a: Attempt) -> bool:
-            return a.phase in order and any(
-                b.n > a.branch and b.from_phase in order and order.index(a.phase) >= order.index(b.from_phase)
-                for b in self.branches)
+    def reviews_of(self, phase: str | None = None) -> list[Review]:
+        """The reviews (of `phase`) that the current branch stands on."""
+        return [r for r in self.reviews if phase in (None, r.phase) and not self.superseded(r.phase, r.branch)]
 
-        return [a for a in self.attempts if not rerun_later(a)]
+    @property
+    def awaiting_review(self) -> Review | None:
+        """The review the session waits for: asked for and not applied yet."""
+        return next((r for r in self.reviews_of() if not r.applied), None)
+
+    @property
+    def stopped_by_review(self) -> Review | None:
+        return next((r for r in self.reviews_of() if r.applied and r.decision == "stop"), None)
+
+    def notes_for(self, phase: str) -> list[dict[str, str]]:
+        """What people asked of `phase` and every later one: the comments of the approvals of
+        the phases before it, and the current branch's note (`labrun rerun --note`) from the
+        phase that branch started at on."""
+        order = list(self.phases)
+        notes = [{"source": f"review of {r.phase}", "reviewer": r.reviewer or "", "text": r.text}
+                 for r in self.reviews_of()
+                 if r.applied and r.decision == "approve" and r.text and order.index(r.phase) < order.index(phase)]
+        branch = self.branches[-1] if self.branches else None
+        if branch and branch.note and order.index(phase) >= order.index(branch.from_phase):
+            notes.append({"source": f"the rerun from {branch.from_phase} (branch {branch.n})", "reviewer": "",
+                          "text": branch.note})
+        return notes
 
     @property
     def active_phase(self) -> str | None:
@@ -219,9 +274,15 @@ class SessionState(BaseModel):
 
     @property
     def complete(self) -> bool:
-        return all(r.status == "DONE" for r in self.phases.values())
+        """Every phase finished, and no review of one still awaited."""
+        return all(r.status == "DONE" for r in self.phases.values()) and self.awaiting_review is None
 
     def next_action(self, workspace: str) -> str:
+        if stop := self.stopped_by_review:
+            return (f"none: {stop.reviewer} stopped the session after phase {stop.phase}; start a branch with "
+                    f"`labrun rerun {workspace} --from {stop.phase} --note TEXT` to go on differently")
+        if (review := self.awaiting_review) and review.decision is None:
+            return f"review phase {review.phase}: `labrun review {workspace}` (waiting since {review.requested_at})"
         if self.complete:
             return "none: the session is complete (REPORT.md holds the write-up)"
         run = self.last_run if self.last_run and self.last_run.deployment_id else None

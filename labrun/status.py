@@ -38,6 +38,9 @@ def session_status(root: Path) -> dict[str, Any]:
             "next_action": state.next_action(str(ws.root)),
             "branch": state.branch,
             "clock": session_clock(state, total.cost_usd),
+            "review_after": state.review_after,
+            "awaiting_review": _review(state.awaiting_review),
+            "stopped_by_review": _review(state.stopped_by_review),
         },
         "idea": {"title": state.title, "path": state.idea_path, "domain": state.domain,
                  "sha256": state.idea_hash},
@@ -55,7 +58,12 @@ def session_status(root: Path) -> dict[str, Any]:
         "usage": total.model_dump(),
         "notes": [note] if note else [],
         "branches": summaries(ws, state, total),
+        "reviews": [r.model_dump(exclude={"pause_key"}) for r in state.reviews],
     }
+
+
+def _review(review) -> dict[str, Any] | None:
+    return review.model_dump(exclude={"pause_key"}) if review else None
 
 
 def older_prompts(ws: Workspace, state: SessionState) -> set[str]:
@@ -78,17 +86,46 @@ def older_prompts(ws: Workspace, state: SessionState) -> set[str]:
     return older
 
 
+def nothing_to_do(root: Path, idea_path: str | None = None) -> str | None:
+    """Why a run for `root` would do nothing, or None: its session (of this idea, if one is
+    named) is finished and intact, or its reviewer stopped it. A scheduled or repeated run
+    then writes nothing."""
+    ws = Workspace(root)
+    if not ws.state_file.is_file():
+        return None
+    state, _ = load_state(ws)
+    if finished_and_intact(root):
+        reason = "the session is already complete and its outputs are intact"
+    elif state.stopped_by_review:
+        reason = "its reviewer stopped the session"
+    else:
+        return None
+    if idea_path is not None:
+        from labrun.idea import load_idea
+
+        if load_idea(idea_path).content_hash != state.idea_hash:
+            return None
+    return reason
+
+
 def finished_and_intact(root: Path) -> bool:
-    """Complete, and no finished phase's outputs changed since: a resume has nothing to do."""
+    """Complete, and no finished phase's outputs changed since, nor what it asks (its cache
+    version, unless a rerun pinned it): a resume has nothing to do."""
+    from labrun.phases import phase_version
+
     ws = Workspace(root)
     state, _ = load_state(ws)
     if not state.complete or rerun_pending(ws, state):
         return False
+    kept = state.branches[-1].kept if state.branches else {}
     for key in state.phases:
         manifest_file = ws.phase_dir(key) / "manifest.json"
         if not manifest_file.exists():
             return False
-        if changed_outputs(json.loads(manifest_file.read_text()), state.file_digests, ws.root):
+        manifest = json.loads(manifest_file.read_text())
+        if changed_outputs(manifest, state.file_digests, ws.root):
+            return False
+        if key not in kept and f"-{key}-{phase_version(key)}-" not in manifest.get("key", ""):
             return False
     return True
 

@@ -67,6 +67,11 @@ class Workspace:
     def phase_dir(self, key: str) -> Path:
         return self.data / "phases" / key
 
+    def manifest(self, phase_key: str) -> dict[str, Any] | None:
+        """What the phase's last finished run produced (None before it first finishes)."""
+        path = self.phase_dir(phase_key) / "manifest.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
     @property
     def reserve(self) -> Path:
         return self.data / "reserve"

@@ -7,18 +7,19 @@ tools and STATE.md read everything from here, so adding a phase is a declaration
 templates (`register`), nothing else.
 
 A session's phases are fixed when it starts (`phase_list`) and kept in its state, in order;
-the six research phases of DESIGN.md are the default. Two optional phases take NeuriCo's
+the six research phases of docs/design.md are the default. Two optional phases take NeuriCo's
 other stages: `resources` (literature, datasets and code, before planning) and `paper` (a
 LaTeX paper, after documentation).
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from labrun import paper
+from labrun import paper, suggest
 from labrun.phases.rules import (AccountsForPlan, CitesFetchedSource, Compiled, CriteriaJudged, Files, LatexPaper,
                                  NamesCodeReferences, Outline, PinnedEnvironment, PlannedOutputs, PlannedRunsDone,
                                  Rule, RunList, SaysWhatFailed, Sections, SuccessfulAttempt, TracedNumbers, Work)
@@ -27,7 +28,7 @@ from labrun.resources import TEMPLATES
 if TYPE_CHECKING:
     from labrun.session import Session
 
-__all__ = ["Phase", "register", "phase_list", "BY_KEY", "PHASES", "DEFAULT", "SECTION_TITLES",
+__all__ = ["Phase", "register", "phase_list", "phase_version", "review_after_phases", "BY_KEY", "PHASES", "DEFAULT", "SECTION_TITLES",
            "Files", "Sections", "SuccessfulAttempt", "CitesFetchedSource", "LatexPaper",
            "TracedNumbers", "Outline", "AccountsForPlan", "Compiled", "RunList", "PlannedRunsDone", "CriteriaJudged",
            "PlannedOutputs", "SaysWhatFailed", "NamesCodeReferences", "PinnedEnvironment", "Rule",
@@ -112,8 +113,19 @@ def phase_list(chosen: Iterable[str] = ()) -> tuple[str, ...]:
     chosen = [c.strip() for c in chosen if c.strip()]
     unknown = [c for c in chosen if c not in BY_KEY]
     if unknown:
-        raise ValueError(f"unknown phase {unknown[0]!r}; the phases are: {', '.join(BY_KEY)}")
+        raise ValueError(suggest.unknown("phase", unknown[0], BY_KEY))
     return tuple(k for k in _PIPELINE if k in BY_KEY and (BY_KEY[k].default or k in chosen))
+
+
+def review_after_phases(names: Iterable[str], phases: Iterable[str]) -> list[str]:
+    """The phases named for review by a person (`labrun.review`), each one of the session's
+    `phases`: a near miss is suggested, a phase the session does not run is named as such."""
+    names, phases = [n.strip() for n in names if n.strip()], list(phases)
+    for name in names:
+        if name not in phases:
+            raise ValueError(suggest.unknown("phase", name, phases) if name not in BY_KEY else
+                             f"{name}: not one of this session's phases ({', '.join(phases)})")
+    return list(dict.fromkeys(names))
 
 
 PLANNING_OUTLINE = ("Motivation and related work", "Hypotheses and variables", "Alternative explanations",
@@ -162,7 +174,7 @@ register(Phase(
 ), after="documentation")
 
 PHASES: tuple[Phase, ...] = tuple(BY_KEY[k] for k in phase_list())
-"""The six research phases of DESIGN.md, in order: every session's phases by default."""
+"""The six research phases of docs/design.md, in order: every session's phases by default."""
 DEFAULT: tuple[str, ...] = tuple(p.key for p in PHASES)
 
 
@@ -174,3 +186,11 @@ def section_titles(keys: Iterable[str] | None = None) -> dict[str, str]:
 
 
 SECTION_TITLES = section_titles(DEFAULT)
+
+
+def phase_version(key: str) -> str:
+    """The phase's cache version: what it asks of the agent (its declared version and its
+    completion rule). Never the model, the agent's settings, labrun's own version or the
+    wording of the templates: a finished phase stays finished when those change."""
+    phase = BY_KEY[key]
+    return hashlib.sha256(f"{key}\0{phase.version}\0{phase.rule_text()}".encode()).hexdigest()[:16]

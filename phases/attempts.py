@@ -13,6 +13,7 @@ import os
 import re
 
 from prefect import task
+from prefect.context import TaskRunContext
 from prefect.transactions import CommitMode, transaction
 
 from labrun.commands import run_command
@@ -92,6 +93,7 @@ def _attempt_key(context, parameters) -> str:
 def experiment_attempt(session_id: str, workspace: str, n: int) -> dict:
     session = Session.get(workspace)
     attempt = session.state.attempts[n - 1]
+    session.update_attempt(n, task_run=str(TaskRunContext.get().task_run.id))
     log = session.ws.root / attempt.log
     result = run_command(
         attempt.command,

@@ -33,14 +33,6 @@ recorded: it reruns the attempts behind met criteria and scores the sealed evalu
 artifact, and heads REPORT.md with the outcome."""
 
 
-def phase_version(key: str) -> str:
-    """The phase's cache version: what it asks of the agent (its declared version and its
-    completion rule). Never the model, the agent's settings, labrun's own version or the
-    wording of the templates: a finished phase stays finished when those change."""
-    phase = BY_KEY[key]
-    return hashlib.sha256(f"{key}\0{phase.version}\0{phase.rule_text()}".encode()).hexdigest()[:16]
-
-
 def toolbox(session: Session, phase: Phase) -> ToolBox:
     """The agent's tools for one phase; its experiment attempts are Prefect subtasks."""
     return ToolBox(session, phase, start_attempt)
@@ -53,11 +45,13 @@ def manifest_digest(manifest: dict[str, Any]) -> str:
 
 def _cache_key(context, p: dict[str, Any]) -> str:
     """`kept`: the key a phase that a rerun reuses finished under. A phase that a rerun runs
-    again has its branch in the key (branch 1's keys are those of a session that never reran)."""
+    again has its branch in the key (branch 1's keys are those of a session that never reran),
+    and one that a reviewer sent back has its review round (`labrun.review`)."""
     if p.get("kept"):
         return p["kept"]
     branch = f"-b{p['branch']}" if p.get("branch", 1) > 1 else ""
-    return f"labrun-{p['session_id']}-{p['phase_key']}-{p['version']}-{p['upstream']}{branch}"
+    revised = f"-r{p['review_round']}" if p.get("review_round", 1) > 1 else ""
+    return f"labrun-{p['session_id']}-{p['phase_key']}-{p['version']}-{p['upstream']}{branch}{revised}"
 
 
 @task(
@@ -68,15 +62,16 @@ def _cache_key(context, p: dict[str, Any]) -> str:
 )
 def run_phase(session_id: str, workspace: str, phase_key: str, number: int, version: str,
               upstream: str, rerun: bool = False, branch: int = 1,
-              kept: str | None = None) -> dict[str, Any]:
+              kept: str | None = None, review_round: int = 1) -> dict[str, Any]:
     """`rerun`: the phase must run again (its outputs, or an upstream phase's, changed).
-    `branch` and `kept`: see `_cache_key`."""
+    `branch`, `kept` and `review_round`: see `_cache_key`."""
     session = Session.get(workspace)
     session.ws.check_disk()
     phase = BY_KEY[phase_key]
     phase_dir = session.ws.phase_dir(phase_key)
     key = _cache_key(None, {"session_id": session_id, "phase_key": phase_key, "version": version,
-                            "upstream": upstream, "branch": branch, "kept": kept})
+                            "upstream": upstream, "branch": branch, "kept": kept,
+                            "review_round": review_round})
     order = list(session.state.phases)
     record = session.state.phases[phase_key]
     record.runs += 1
@@ -95,9 +90,12 @@ def run_phase(session_id: str, workspace: str, phase_key: str, number: int, vers
         interrupted = convo.unanswered_tool_uses()
         for block in interrupted:
             convo.add_tool_result(block["id"], block["name"], prompts.interrupted_tool(block["name"]), True)
-        if convo.completion() is None:
-            convo.add_user_text(prompts.resume_note(phase_key, [b["name"] for b in interrupted], order))
-        event = f"phase {number} {phase_key} resumed at turn {convo.turns + 1} (run {record.runs})"
+        if convo.revising:
+            event = f"phase {number} of {len(order)} {phase_key} revised at turn {convo.turns + 1}, as its reviewer asked"
+        else:
+            if convo.completion() is None:
+                convo.add_user_text(prompts.resume_note(phase_key, [b["name"] for b in interrupted], order))
+            event = f"phase {number} of {len(order)} {phase_key} resumed at turn {convo.turns + 1} (run {record.runs})"
     else:
         if convo is None or convo.completed is not None:
             convo = Conversation.start(phase_dir)
@@ -109,7 +107,7 @@ def run_phase(session_id: str, workspace: str, phase_key: str, number: int, vers
                           "prompt": prompts.prompt_digest(phase_key, session.idea.guidance_domain)})
         if not any(r["kind"] == "user" for r in convo.records):
             convo.add_user_text(prompts.kickoff(phase_key, order))
-        event = f"phase {number} {phase_key} started (run {record.runs})"
+        event = f"phase {number} of {len(order)} {phase_key} started (run {record.runs})"
     session.store.set_phase(phase_key, "IN PROGRESS", event)
 
     start = next(r for r in convo.records if r["kind"] == "system")

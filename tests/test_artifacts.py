@@ -45,9 +45,9 @@ def test_views_hold_state_md_attempts_progress_and_usage(session, monkeypatch):
     assert usage["status"][0] == "DONE"
 
 
-def test_keys_are_fixed_per_session(session):
-    key = artifacts.artifact_key(session.state.session_id, "state")
-    assert key == f"labrun-{session.state.session_id}-state"
+def test_keys_are_fixed_per_session_and_name_its_idea(session):
+    key = artifacts.artifact_key(session.state.title, session.state.session_id, "state")
+    assert key.startswith("labrun-averaging-noisy-measurements-") and key.endswith(f"-{session.state.session_id}-state")
     assert key.replace("-", "").isalnum() and key == key.lower()
 
 

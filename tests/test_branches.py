@@ -267,7 +267,7 @@ def test_diff_of_two_branches_with_different_metrics(ws):
 def test_bad_rerun_requests_get_one_line_each(ws):
     from labrun.workspace import Workspace
 
-    one_line_error(labrun("rerun", str(ws), "--from", "analyis"), "unknown phase 'analyis'",
+    one_line_error(labrun("rerun", str(ws), "--from", "analyis"), "unknown phase 'analyis' (did you mean 'analysis'?)",
                    "planning, setup, implementation, experiments, analysis, documentation")
     holder = Workspace(ws)
     holder.lock()

@@ -22,6 +22,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from support import assert_complete, labrun, processes_with_env, wait_for  # noqa: E402
 
+from labrun.agents import claude_code  # noqa: E402
+from labrun.agents.claude_code import SCRUB  # noqa: E402
 from labrun.journal import Conversation  # noqa: E402
 from labrun.prices import cost_usd  # noqa: E402
 from labrun.usage import Usage  # noqa: E402
@@ -233,6 +235,33 @@ def test_a_session_with_claude_code(idea, tmp_path, claude):
     assert_usage_is_what_claude_billed(ws)
 
 
+# -- reviewing -------------------------------------------------------------------------------
+
+
+def test_a_revision_goes_to_the_same_claude_session_and_an_approval_on(idea, tmp_path, claude):
+    """`--review-after planning` through `claude -p`: the revision is the next prompt of the
+    planning session (`--resume`), the phase completes again and waits again; the approval's
+    comment is in every later phase's system prompt."""
+    ws = tmp_path / "ws"
+    revision, comment = "Add a second noise level, sigma 2.0.", "Report the slope with an interval."
+    first = run(idea, ws, claude, "--review-after", "planning")
+    assert first.returncode == 3, first.stdout + first.stderr
+    assert [c["phase"] for c in claude.calls()] == ["planning"]
+
+    again = claude.labrun("review", str(ws), "--revise", revision)
+    assert again.returncode == 3, again.stdout + again.stderr
+    kickoff, revised = claude.calls("planning")
+    assert revised["resume"] == sessions_recorded(ws, "planning")[0] and revision in revised["stdin"]
+    assert KICKOFF not in revised["stdin"] and RESUME_NOTE not in revised["stdin"]
+    assert status(ws)["session"]["awaiting_review"]["round"] == 2
+
+    done = claude.labrun("review", str(ws), "--approve", "--comment", comment)
+    assert_complete(ws, done)
+    assert [c["phase"] for c in claude.calls()].count("planning") == 2  # not asked again
+    for phase in ("setup", "implementation", "experiments", "analysis", "documentation"):
+        assert comment in (ws / f".labrun/phases/{phase}/claude-system-prompt.md").read_text(), phase
+
+
 # -- resuming --------------------------------------------------------------------------------
 
 
@@ -350,6 +379,7 @@ def test_claude_gets_a_scrubbed_environment_and_a_subscription_stays_one(monkeyp
     monkeypatch.setenv("DATASET_API_KEY", "the-idea-needs-it")
     monkeypatch.setenv("LABRUN_PASS_ENV", "DATASET_API_KEY")
     monkeypatch.delenv("LABRUN_CLAUDE_AUTH", raising=False)
+    monkeypatch.setattr(claude_code, "can_sandbox", lambda: True)  # bubblewrap and socat are there
     agent = make_agent("claude-code")
     env = agent.environment(plan_for(tmp_path))
     assert env["CLAUDE_CODE_OAUTH_TOKEN"] == "sk-ant-oat01-the-subscription"
@@ -370,6 +400,11 @@ def test_claude_gets_a_scrubbed_environment_and_a_subscription_stays_one(monkeyp
     agent = make_agent("claude-code")
     assert agent.environment(plan_for(tmp_path))["ANTHROPIC_API_KEY"] == "sk-ant-api03-exported-by-the-user"
     assert "login: API key" in agent.announce()
+
+    monkeypatch.setattr(claude_code, "can_sandbox", lambda: False)  # no bubblewrap or socat: no scrub,
+    agent = make_agent("claude-code")  # which would make Claude Code refuse every command
+    assert SCRUB not in agent.environment(plan_for(tmp_path))
+    assert "install bubblewrap and socat" in agent.announce()
 
 
 def result_event(**fields) -> dict:

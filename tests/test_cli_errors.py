@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from support import DEMO_IDEA, labrun, tmpfs
+from support import DEMO_IDEA, REPO, labrun, tmpfs
 from labrun.flows.session import research_session
 from labrun.status import session_status
 
@@ -89,6 +89,17 @@ def test_help_names_every_default_and_the_environment():
     assert "ANTHROPIC_API_KEY" in run and "PREFECT_API_URL" in run and "LABRUN_MIN_FREE_MB" in run
     server = " ".join(labrun("server", "--help").stdout.split())
     assert "(default: 4200)" in server and "(default: 90)" in server
+    # Each command names the variables it reads, and no others.
+    assert "environment:" not in labrun("status", "--help").stdout
+    queue = labrun("queue", "--help").stdout
+    assert "PREFECT_API_URL" in queue and "ANTHROPIC_API_KEY" not in queue
+    from labrun.cli.parsing import VARIABLES
+
+    source = "\n".join(p.read_text() for folder in ("labrun", "flows", "phases")
+                       for p in (REPO / folder).rglob("*.py") if p.name != "parsing.py")
+    assert [name for name in VARIABLES if name not in source and name != "PREFECT_HOME"] == []
+    rerun = " ".join(labrun("rerun", "--help").stdout.split())
+    assert "planning, setup, implementation, experiments, analysis, documentation" in rerun
     from labrun.agents.anthropic import DEFAULT_MODEL
     from labrun.cli.parsing import DEFAULT_MODEL as named_in_help, parser
 

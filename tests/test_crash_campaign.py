@@ -36,11 +36,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from auto_responder import IDEA, AutoResearcher  # noqa: E402
 from fake_messages_api import FakeMessagesAPI  # noqa: E402
-from support import DEMO_IDEA, running, wait_for  # noqa: E402
+from support import DEMO_IDEA, running, state_md_sections, wait_for  # noqa: E402
 
 from labrun.journal import Conversation  # noqa: E402
 from labrun.snapshot import workspace_files  # noqa: E402
-from labrun.state import STATE_SECTIONS, parse_state_md, phase_table  # noqa: E402
+from labrun.state import parse_state_md, phase_table  # noqa: E402
 from labrun.status import session_status  # noqa: E402
 
 POINTS = {"model-call": 4, "reply-received": 4, "reply-saved": 4, "attempt": 1, "reproduction": 1, "atomic-write": 24,
@@ -150,7 +150,7 @@ def check_after_kill(ws: Path, seen: dict, point: str, backend: Backend) -> None
     wait_for(lambda: not running(str(ws)), timeout=10, what="the engine's commands to die with it")
     state = json.loads((ws / ".labrun/state.json").read_text())
     text = (ws / "STATE.md").read_text()
-    assert list(parse_state_md(text)) == list(STATE_SECTIONS)
+    assert list(parse_state_md(text)) == state_md_sections()
     assert set(phase_table(text).values()) <= {"pending", "IN PROGRESS", "DONE", "FAILED"}
     numbers = [int(n) for n in re.findall(r"^### Attempt (\d+)$", text, flags=re.M)]
     assert numbers == list(range(1, len(state["attempts"]) + 1)), "an attempt is duplicated or lost"

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from support import DEMO_IDEA
+from support import DEMO_IDEA, state_md_sections
 from test_session import assert_table_matches_tasks, resume_flow, run_flow
 from labrun.phases import PHASES
-from labrun.state import STATE_SECTIONS, parse_state_md, phase_table
+from labrun.state import parse_state_md, phase_table
 from labrun.status import session_status
 
 KILLED = -9
@@ -21,7 +21,7 @@ def kill_at(forker, ws: Path, crash_at: str, faults: str = "") -> None:
     result = forker.run(["run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted"],
                         env={"LABRUN_CRASH_AT": crash_at, "LABRUN_SCRIPTED_FAULTS": faults})
     assert result.returncode == KILLED, f"{crash_at}: {result.returncode} {result.stderr[-2000:]}"
-    assert list(parse_state_md((ws / "STATE.md").read_text())) == list(STATE_SECTIONS)
+    assert list(parse_state_md((ws / "STATE.md").read_text())) == state_md_sections()
 
 
 def test_killed_at_every_phase_table_transition_the_table_follows_the_task_states(tmp_path, forker, monkeypatch):

@@ -9,7 +9,7 @@ import dataclasses
 from support import DEMO_IDEA
 from test_phases import throwaway  # noqa: F401  (the fixture)
 from labrun.phases import BY_KEY
-from labrun.phases.phase import phase_version
+from labrun.phases import phase_version
 from labrun.status import session_status
 
 

@@ -1,4 +1,4 @@
-"""The prompts: each phase sees its own instructions and no other phase's (DESIGN.md)."""
+"""The prompts: each phase sees its own instructions and no other phase's (docs/design.md, "The phase registry")."""
 
 from __future__ import annotations
 

@@ -9,11 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from support import DEMO_IDEA, EXAMPLES, NEURICO_IDEAS, assert_complete, labrun
+from support import DEMO_IDEA, EXAMPLES, NEURICO_IDEAS, assert_complete, labrun, needs_shared
 from labrun.agents.scripted import NOT_EVALUATED
 from labrun.idea import load_idea
 
 IDEAS = sorted(EXAMPLES.glob("*.yaml")) + sorted(p for p in NEURICO_IDEAS.glob("*.yaml") if p.name != "schema.yaml")
+
+
+@needs_shared()
+def test_neuricos_ideas_are_among_those_run():
+    """Without NeuriCo's ideas the test below runs only labrun's own: this one skips then, so
+    that CI (where a skip fails) cannot pass without them."""
+    neurico = [p for p in IDEAS if NEURICO_IDEAS in p.parents]
+    assert len(neurico) >= 5, f"only {len(neurico)} idea files in {NEURICO_IDEAS}"
 
 
 @pytest.mark.parametrize("idea", [pytest.param(p, id=p.stem) for p in IDEAS] or [

@@ -122,12 +122,12 @@ def test_resuming_a_finished_session_does_nothing(tmp_path, prefect_api):
     assert result.returncode == 0, result.stderr
     assert "already complete" in result.stdout and "nothing to do" in result.stdout
     assert (ws / "STATE.md").read_text() == before
-    # A fresh flow run (a deployment re-run, a Retry in the UI) reads every phase from the cache.
+    # A fresh flow run (a deployment re-run, a scheduled run) finds nothing to do and writes nothing.
     again = resume_flow(ws)
     assert again.is_completed()
-    assert set(task_states(again).values()) == {"COMPLETED"}
+    assert task_states(again) == {}
     assert runs(ws) == {p.key: 1 for p in PHASES}
-    assert "skipped (finished earlier)" in (ws / "STATE.md").read_text()
+    assert (ws / "STATE.md").read_text() == before
 
 
 def test_exception_mid_phase_then_resume_redoes_nothing_finished(tmp_path, prefect_api, monkeypatch):
@@ -205,6 +205,12 @@ def test_kill_9_mid_attempt_marks_it_interrupted_and_kills_its_processes(tmp_pat
     # The interrupted attempt is not a failure: the agent runs it again, unfixed, and it fails.
     assert [(a["n"], a["status"]) for a in attempts] == [(1, "INTERRUPTED"), (2, "FAILED"), (3, "SUCCESS")]
     assert "- Status: RUNNING" not in (ws / "STATE.md").read_text()
+    # Its task run, left Running by the killed engine, is Crashed in Prefect too.
+    from prefect.client.orchestration import get_client
+
+    killed = json.loads((ws / ".labrun/state.json").read_text())["attempts"][0]["task_run"]
+    with get_client(sync_client=True) as client:
+        assert client.read_task_run(killed).state.type.value == "CRASHED"
     convo = Conversation.latest(ws / ".labrun/phases/experiments")
     first_result = next(r for r in convo.records if r["kind"] == "tool_result")
     assert first_result["is_error"] and "cut off" in first_result["content"]

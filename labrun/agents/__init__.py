@@ -1,4 +1,4 @@
-"""Agent backends. Each offers the tools of DESIGN.md and runs one phase at a time; the
+"""Agent backends. Each offers the tools of docs/design.md and runs one phase at a time; the
 scripted one is an offline stand-in for demos and tests.
 
 Their names and web tools are in `names`, which imports none of them. The seam is
@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from labrun import suggest
 from labrun.agents.names import AGENTS, CLI_AGENTS, AgentUnavailable
 from labrun.model import Model
 
@@ -92,4 +93,4 @@ def make_agent(agent: str, model: str | None = None, workspace: str | Path | Non
         from labrun.agents.gemini import GeminiAgent
 
         return GeminiAgent(model, workspace)
-    raise AgentUnavailable(f"unknown agent {agent!r}; choose one of {', '.join(AGENTS)}")
+    raise AgentUnavailable(suggest.unknown("agent", agent, AGENTS))

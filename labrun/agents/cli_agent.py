@@ -69,6 +69,7 @@ import json
 import logging
 import os
 import queue
+import re
 import signal
 import subprocess
 import threading
@@ -137,6 +138,15 @@ class Streamed:
 @dataclass
 class ToolUsed:
     name: str
+
+
+def shorten(command: Any, width: int = 80) -> str:
+    """A shell command as one short line for the terminal (a CLI's `sh -lc '…'` unwrapped)."""
+    text = str(command or "?")
+    if m := re.match(r"^/bin/(?:ba)?sh -lc '(.*)'$", text, re.S):
+        text = m.group(1)
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 @dataclass

@@ -67,7 +67,7 @@ from typing import Any, Iterator
 from labrun import prompts
 from labrun.agents.names import AgentUnavailable
 from labrun.agents.cli_agent import (CliAgent, Finished, Outcome, Retrying, RunPlan, Started, ToolUsed, Verdict,
-                                     passed_env, version)
+                                     passed_env, shorten, version)
 from labrun.egress import PROXY_URL, PROXY_VARIABLES
 from labrun.sandbox import Sandbox
 from labrun.usage import Usage
@@ -303,14 +303,6 @@ def rollout_totals(home: Path, thread: str) -> tuple[Usage, Usage] | None:
     if billed is None and restored is None:
         return None
     return billed or restored, restored or Usage()
-
-
-def shorten(command: Any, width: int = 80) -> str:
-    text = str(command or "?")
-    if m := re.match(r"^/bin/(?:ba)?sh -lc '(.*)'$", text, re.S):
-        text = m.group(1)
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 def reset_from_text(said: str, now: float | None = None) -> float | None:

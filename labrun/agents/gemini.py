@@ -58,8 +58,7 @@ from zoneinfo import ZoneInfo
 
 from labrun.agents.names import AgentUnavailable
 from labrun.agents.cli_agent import (CliAgent, Finished, Outcome, RunPlan, Started, ToolUsed, Verdict, passed_env,
-                                     version)
-from labrun.agents.codex import shorten
+                                     shorten, version)
 from labrun.sandbox import bubblewrap
 from labrun.usage import Usage
 from labrun.windows import clock

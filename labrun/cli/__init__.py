@@ -1,4 +1,4 @@
-"""labrun's command line (DESIGN.md, contract): one line for every error.
+"""labrun's command line: one line for every error.
 
 The parser is in `parsing`. `status`, `state` and `check` only read, so they never import
 Prefect (`reading`); `run`, `resume` and `demo` run the session flow in this process
@@ -20,6 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     # A locked SQLite server answers 503 for a while; clients wait it out.
     os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", str(CLIENT_MAX_RETRIES))
+    # Whatever server this starts (a run's API, `labrun server`) sends no telemetry, and says none.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     try:
         return args.handler(args)
     except CliError as e:

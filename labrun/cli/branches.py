@@ -17,7 +17,7 @@ from labrun.cli.reading import session_dir
 
 def cmd_rerun(args) -> int:
     from labrun.branches import BranchError, check_rerun, not_finished
-    from labrun.cli.running import Run, check_workspace, passed_keys, run_session
+    from labrun.cli.running import Run, check_workspace, passed_keys, review_after, run_session
     from labrun.state import load_state
     from labrun.workspace import Workspace, WorkspaceBusy
 
@@ -39,7 +39,7 @@ def cmd_rerun(args) -> int:
     ws.unlock()
     return run_session(Run(None, args.workspace, args.agent, args.model, args.budget_usd, args.max_turns,
                            args.verbose, from_phase=args.from_phase, note=args.note, network=args.network,
-                           pass_env=passed_keys(args)))
+                           pass_env=passed_keys(args), review_after=review_after(args, state.phases)))
 
 
 def cmd_branches(args) -> int:

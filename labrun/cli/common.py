@@ -3,6 +3,8 @@ and the check of the optional phases."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.console import Console
 
 console = Console(highlight=False, soft_wrap=True)
@@ -12,6 +14,34 @@ from labrun.agents.names import DEFAULT_AGENT  # noqa: F401  (named in --help)
 
 DEFAULT_MODEL = "claude-opus-5-5"
 """labrun.agents.anthropic.DEFAULT_MODEL, named here so that `--help` needs no SDK import."""
+
+
+STYLES = {"DONE": "green", "SUCCESS": "green", "REPRODUCED": "green", "SCORED": "green", "finished": "green",
+          "complete": "green", "FAILED": "red", "TIMEOUT": "red", "DIVERGED": "red", "REFUSED": "red",
+          "stopped": "red", "INTERRUPTED": "yellow", "SKIPPED": "yellow", "IN PROGRESS": "cyan",
+          "RUNNING": "cyan", "PENDING": "dim"}
+"""How a status reads at a terminal: done green, failed red, cut short yellow, running cyan."""
+
+
+def styled(status: str) -> str:
+    """`status` in rich markup, coloured by what it means."""
+    colour = STYLES.get(status)
+    return f"[{colour}]{status}[/{colour}]" if colour else status
+
+
+def labrun_command() -> str:
+    """labrun as the user can type it: `labrun` when that is on PATH, else the path they ran
+    (`.venv/bin/labrun` after the README's quick start)."""
+    import shutil
+    import sys
+
+    ran = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    if ran is None or ran.name != "labrun":
+        return "labrun"  # python -m labrun.cli, or a test
+    found = shutil.which("labrun")
+    if found and ran.exists() and Path(found).resolve() == ran.resolve():
+        return "labrun"
+    return str(ran)
 
 
 class CliError(Exception):

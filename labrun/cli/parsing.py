@@ -1,43 +1,56 @@
-"""The parser of labrun's command line (DESIGN.md, contract): every command and option, each
+"""The parser of labrun's command line: every command and option, each
 with its help and default, and the environment labrun reads."""
 
 from __future__ import annotations
 
 import argparse
+import textwrap
 
-from labrun import __version__
+from labrun import __version__, suggest
 from labrun.agents import AGENTS
 from labrun.cli.common import DEFAULT_AGENT, DEFAULT_MODEL
 from labrun.serving import (DEFAULT_CRASH_AFTER_S, DEFAULT_HOST, DEFAULT_PORT,
                             DEFAULT_SESSION_SLOTS, SESSION_DEPLOYMENT, SESSION_QUEUE)
 
-ENVIRONMENT = f"""\
-environment:
-  ANTHROPIC_API_KEY        the anthropic agent's key (or ANTHROPIC_AUTH_TOKEN)
-  ANTHROPIC_BASE_URL       another endpoint for the Messages API (a proxy, a gateway)
-  LABRUN_MODEL             the model when --model is not given (default {DEFAULT_MODEL})
-  LABRUN_CLAUDE            the claude executable of the claude-code agent (default claude)
-  LABRUN_CLAUDE_PERMISSIONS=skip   claude-code with --dangerously-skip-permissions
-  LABRUN_CODEX             the codex executable of the codex agent (default codex)
-  CODEX_HOME               Codex's login and sessions (default ~/.codex); CODEX_API_KEY an API key
-  LABRUN_GEMINI            the gemini executable of the gemini agent (default gemini)
-  GEMINI_API_KEY           the gemini agent's API key (else the Google login of `gemini`)
-  LABRUN_PHASE_TIMEOUT_S   a coding-CLI phase's time limit (default: the idea's time_limit)
-  LABRUN_PASS_ENV          NAME,... environment variables passed on to the agent's commands and
-                           to a coding CLI itself (--pass-env: to the experiments' commands only)
-  LABRUN_MIN_FREE_MB       free disk below which a session stops before its next step (100)
-  LABRUN_CONTEXT_MANAGEMENT=off    no server-side context editing (anthropic agent)
-  LABRUN_PRICES            a JSON file of model prices (USD per million tokens)
-  LABRUN_MODEL_API_SLOTS   model calls at once over all sessions in server mode (4)
-  LABRUN_SCRIPTED_FAULTS   the scripted agent's fault injection (tests)
-  LABRUN_KEEP_API          minutes the Prefect API a run starts, and an engine with Prefect
-                           imported, stay up for later runs once unused (default 10; 0:
-                           each run starts and stops its own API and imports Prefect itself)
-  PREFECT_API_URL          a Prefect server to run on; without one labrun uses the one
-                           `labrun server` started, else the one an earlier run kept, or
-                           starts one
-  PREFECT_HOME             Prefect's database and labrun's server logs (default ~/.prefect)
-"""
+VARIABLES = {
+    "ANTHROPIC_API_KEY": "the anthropic agent's key (or ANTHROPIC_AUTH_TOKEN)",
+    "ANTHROPIC_BASE_URL": "another endpoint for the Messages API (a proxy, a gateway)",
+    "LABRUN_MODEL": f"the model when --model is not given (default {DEFAULT_MODEL})",
+    "LABRUN_CLAUDE": "the claude executable of the claude-code agent (default claude)",
+    "LABRUN_CLAUDE_PERMISSIONS": "skip: claude-code with --dangerously-skip-permissions",
+    "LABRUN_CODEX": "the codex executable of the codex agent (default codex)",
+    "CODEX_HOME": "Codex's login and sessions (default ~/.codex); CODEX_API_KEY an API key",
+    "LABRUN_GEMINI": "the gemini executable of the gemini agent (default gemini)",
+    "GEMINI_API_KEY": "the gemini agent's API key (else the Google login of `gemini`)",
+    "LABRUN_PHASE_TIMEOUT_S": "a coding-CLI phase's time limit (default: the idea's time_limit)",
+    "LABRUN_PASS_ENV": "NAME,... environment variables passed on to the agent's commands and to a coding "
+                       "CLI itself (--pass-env: to the experiments' commands only)",
+    "LABRUN_MIN_FREE_MB": "free disk below which a session stops before its next step (100)",
+    "LABRUN_CONTEXT_MANAGEMENT": "off: no server-side context editing (anthropic agent)",
+    "LABRUN_PRICES": "a JSON file of model prices (USD per million tokens)",
+    "LABRUN_MODEL_API_SLOTS": "model calls at once over all sessions in server mode (4)",
+    "LABRUN_KEEP_API": "minutes the Prefect API a run starts stays up for later runs once unused "
+                       "(default 10; 0: each run starts and stops its own)",
+    "PREFECT_API_URL": "a Prefect server to run on; without one labrun uses the one `labrun server` "
+                       "started, else the one an earlier run kept, or starts one",
+    "PREFECT_HOME": "Prefect's database and labrun's server logs (default ~/.prefect)",
+}
+"""Every variable labrun reads, with its line of help; each command's help lists its own."""
+AGENT_VARIABLES = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "LABRUN_MODEL", "LABRUN_CLAUDE",
+                   "LABRUN_CLAUDE_PERMISSIONS", "LABRUN_CODEX", "CODEX_HOME", "LABRUN_GEMINI", "GEMINI_API_KEY",
+                   "LABRUN_PHASE_TIMEOUT_S", "LABRUN_PASS_ENV", "LABRUN_MIN_FREE_MB",
+                   "LABRUN_CONTEXT_MANAGEMENT", "LABRUN_PRICES")
+ENGINE_VARIABLES = ("LABRUN_KEEP_API", "PREFECT_API_URL", "PREFECT_HOME")
+
+
+def environment(names=tuple(VARIABLES), after: str = "") -> str | None:
+    """The epilog of a command that reads `names`."""
+    if not names:
+        return None
+    width = max(len(n) for n in names) + 2
+    lines = [textwrap.fill(VARIABLES[n], 92, initial_indent="  " + n.ljust(width),
+                           subsequent_indent=" " * (width + 2)) for n in names]
+    return "\n".join(["environment:", *lines, *([after] if after else [])]) + "\n"
 
 
 class _Help(argparse.RawDescriptionHelpFormatter):
@@ -52,24 +65,27 @@ class _Help(argparse.RawDescriptionHelpFormatter):
 
 
 def parser() -> argparse.ArgumentParser:
-    from labrun.cli import branches, reading, running, serving
+    from labrun.cli import branches, reading, review, running, serving
+    from labrun.cli.examples import cmd_examples
 
     p = argparse.ArgumentParser(prog="labrun", description="Durable autonomous research sessions on Prefect.",
-                                epilog=ENVIRONMENT, formatter_class=_Help)
+                                epilog=environment(), formatter_class=_Help)
     p.add_argument("--version", action="version", version=f"labrun {__version__}")
     sub = p.add_subparsers(required=True, metavar="COMMAND")
 
-    def command(name: str, help: str, handler) -> argparse.ArgumentParser:
-        c = sub.add_parser(name, help=help, description=help, epilog=ENVIRONMENT, formatter_class=_Help)
+    def command(name: str, help: str, handler, reads=(), after: str = "") -> argparse.ArgumentParser:
+        c = sub.add_parser(name, help=help, description=help, epilog=environment(reads, after),
+                           formatter_class=_Help)
         c.set_defaults(handler=handler)
         return c
 
-    run = command("run", "start (or continue) a session for an idea", running.cmd_run)
+    run = command("run", "start (or continue) a session for an idea", running.cmd_run,
+                  AGENT_VARIABLES + ENGINE_VARIABLES)
     run.add_argument("idea", help="the idea file (YAML, NeuriCo's schema v1.1)")
     run.add_argument("--workspace", required=True, help="the session's folder (made if missing)")
-    run.add_argument("--agent", choices=AGENTS, default=None,
-                     help=f"who does the research (default: {DEFAULT_AGENT} for a new session; "
-                     "a resumed one keeps its own)")
+    run.add_argument("--agent", type=_agent, metavar="AGENT", default=None,
+                     help=f"who does the research: {', '.join(AGENTS)} (default: {DEFAULT_AGENT} for a new "
+                     "session; a resumed one keeps its own)")
     run.add_argument("--model", default=None,
                      help=f"the model (default: for anthropic $LABRUN_MODEL, else {DEFAULT_MODEL}; for "
                      "claude-code, claude's own; for codex, gpt-5.5; for gemini, gemini-2.5-pro; a resumed "
@@ -79,19 +95,35 @@ def parser() -> argparse.ArgumentParser:
                      "(default: those the idea asks for)")
     run.add_argument("--paper-style", default=None, metavar="STYLE",
                      help="the paper phase's LaTeX style: plain (default), neurips, icml, acl or ams")
+    _review_after(run)
     _limits(run)
     _verbose(run)
 
-    resume = command("resume", "continue a session; finished phases are skipped", running.cmd_resume)
+    resume = command("resume", "continue a session; finished phases are skipped", running.cmd_resume,
+                     AGENT_VARIABLES + ENGINE_VARIABLES)
     resume.add_argument("workspace", help="the session's folder")
     resume.add_argument("--model", default=None,
                         help="the model of the phases still to run (default: the session's)")
+    _review_after(resume)
     _limits(resume)
     _verbose(resume)
 
+    review_cmd = command("review", "show a phase that awaits review, and approve, revise or stop it",
+                         review.cmd_review, AGENT_VARIABLES + ENGINE_VARIABLES)
+    review_cmd.add_argument("workspace", help="the session's folder")
+    decide = review_cmd.add_argument_group("the decision (without one, the phase's outputs are shown)")
+    decide.add_argument("--approve", action="store_true", help="go on to the next phase")
+    decide.add_argument("--comment", default=None, metavar="TEXT",
+                        help="with --approve: a note every later phase's prompt shows")
+    decide.add_argument("--revise", default=None, metavar="TEXT",
+                        help="send the phase back to the agent with TEXT; it is reviewed again")
+    decide.add_argument("--stop", action="store_true", help="end the session here")
+    _verbose(review_cmd)
+
     status = command("status", "phases, attempts, tokens and cost", reading.cmd_status)
     status.add_argument("workspace", help="the session's folder")
-    status.add_argument("--json", action="store_true", help="one JSON object (DESIGN.md) instead of tables")
+    status.add_argument("--json", action="store_true",
+                        help="one JSON object instead of tables (its fields: docs/design.md, status --json)")
     status.add_argument("--branch", type=int, default=None, metavar="N",
                         help="one branch as it stood (`labrun branches` lists them; default: the current one)")
 
@@ -101,11 +133,17 @@ def parser() -> argparse.ArgumentParser:
     check = command("check", "validate an idea file: exit 0, or 2 with the reasons", reading.cmd_check)
     check.add_argument("idea", help="the idea file")
 
-    demo = command("demo", "the whole flow offline, with the scripted agent", running.cmd_demo)
+    examples = command("examples", "copy the bundled example ideas to a folder", cmd_examples)
+    examples.add_argument("folder", nargs="?", default=".", help="where to copy them (made if missing)")
+
+    demo = command("demo", "the whole flow offline, with the scripted agent", running.cmd_demo,
+                   ("LABRUN_MIN_FREE_MB", *ENGINE_VARIABLES))
     demo.add_argument("workspace", nargs="?", default="labrun-demo", help="the demo session's folder")
     _verbose(demo)
 
-    server = command("server", "a local Prefect server and a worker for the labrun pool", serving.cmd_server)
+    server = command("server", "a local Prefect server and a worker for the labrun pool", serving.cmd_server,
+                     ("LABRUN_MODEL_API_SLOTS", "PREFECT_HOME"),
+                     "  and, for the sessions its worker runs, those of `labrun run --help`")
     server.add_argument("--host", default=DEFAULT_HOST, help="address the server listens on")
     server.add_argument("--port", type=int, default=DEFAULT_PORT, help="port of the API and the UI")
     server.add_argument("--sessions", type=int, default=DEFAULT_SESSION_SLOTS,
@@ -118,13 +156,17 @@ def parser() -> argparse.ArgumentParser:
     server.add_argument("--no-worker", action="store_true", help="start the server only")
 
     rerun = command("rerun", "run a finished session again from a phase, as a new branch",
-                    branches.cmd_rerun)
+                    branches.cmd_rerun, AGENT_VARIABLES + ENGINE_VARIABLES)
     rerun.add_argument("workspace", help="the session's folder")
     rerun.add_argument("--from", dest="from_phase", required=True, metavar="PHASE",
-                       help="the first phase to run again; the earlier ones are reused")
-    rerun.add_argument("--agent", choices=AGENTS, default=None, help="the new branch's agent (default: the session's)")
+                       help="the first phase to run again, one of the session's: "
+                       f"{', '.join(_phase_order())}; the earlier ones are reused")
+    rerun.add_argument("--agent", type=_agent, metavar="AGENT", default=None,
+                       help=f"the new branch's agent: {', '.join(AGENTS)} (default: the session's)")
     rerun.add_argument("--model", default=None, help="the new branch's model (default: the session's)")
-    rerun.add_argument("--note", default="", help="why this branch, shown by `labrun branches` (default: none)")
+    rerun.add_argument("--note", default="", help="why this branch, shown by `labrun branches`, and a note "
+                       "for the prompts of the phases it runs (default: none)")
+    _review_after(rerun)
     _limits(rerun)
     _verbose(rerun)
 
@@ -139,10 +181,12 @@ def parser() -> argparse.ArgumentParser:
     diff.add_argument("b", type=int, metavar="B", help="another branch number")
     diff.add_argument("--json", action="store_true", help="one JSON object instead of tables")
 
-    queue = command("queue", "submit one session run per idea to the server", serving.cmd_queue)
+    queue = command("queue", "submit one session run per idea to the server", serving.cmd_queue,
+                    ("PREFECT_API_URL", "PREFECT_HOME"))
     queue.add_argument("ideas", nargs="+", metavar="IDEA|DIR", help="idea files, or folders of them")
-    queue.add_argument("--agent", choices=AGENTS, default=None,
-                       help=f"the agent of new sessions (default: {DEFAULT_AGENT}; a resumed session keeps its own)")
+    queue.add_argument("--agent", type=_agent, metavar="AGENT", default=None,
+                       help=f"the agent of new sessions: {', '.join(AGENTS)} (default: {DEFAULT_AGENT}; a resumed "
+                       "session keeps its own)")
     queue.add_argument("--model", default=None, help="the model of new sessions (default: the agent's own)")
     queue.add_argument("--workspaces", default="workspaces", metavar="ROOT",
                        help="one workspace per idea is made under ROOT")
@@ -151,16 +195,17 @@ def parser() -> argparse.ArgumentParser:
                        "(default: those each idea asks for)")
     queue.add_argument("--paper-style", default=None, metavar="STYLE",
                        help="the paper phase's LaTeX style: plain (default), neurips, icml, acl or ams")
+    _review_after(queue)
     queue.add_argument("--deployment", default=SESSION_DEPLOYMENT, help="the session deployment to run")
     _pass_env(queue)
     return p
 
 
 def _limits(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--budget-usd", type=float, default=None,
+    p.add_argument("--budget-usd", type=_at_least(0, float), default=None,
                    help="the agent's own budget in USD, for its model use (default: the idea's "
                         "constraints.agent_budget, else none; constraints.budget is the experiments')")
-    p.add_argument("--max-turns", type=int, default=None,
+    p.add_argument("--max-turns", type=_at_least(1, int), default=None,
                    help="turn limit of every phase (default: each phase's own, 30 to 60)")
     p.add_argument("--no-network", dest="network", action="store_const", const=False, default=None,
                    help="run the agent's commands without network (default: as the session and "
@@ -168,11 +213,44 @@ def _limits(p: argparse.ArgumentParser) -> None:
     _pass_env(p)
 
 
+def _review_after(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--review-after", default=None, metavar="PHASE,...",
+                   help="phases a person reviews once they complete, before the session goes on "
+                   "(`labrun review`); a resumed session keeps its own unless given (default: the idea's "
+                   "metadata.review_after, else none)")
+
+
 def _pass_env(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pass-env", action="append", default=None, metavar="NAME",
                    help="an environment variable (an API key) for the experiments' commands only; "
                    "repeat it for more; the session keeps the names (default: the idea's "
                    "constraints.api_keys alone)")
+
+
+def _phase_order() -> list[str]:
+    from labrun.phases import BY_KEY, phase_list
+
+    return list(phase_list(BY_KEY))  # every phase, in the order they run
+
+
+def _agent(name: str) -> str:
+    """An agent's name, or the near one it misses."""
+    if name not in AGENTS:
+        raise argparse.ArgumentTypeError(suggest.unknown("agent", name, AGENTS))
+    return name
+
+
+def _at_least(low, kind):
+    """`kind` (int or float), refused below `low`: a negative budget, no turns."""
+    def check(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not value >= low:
+            raise argparse.ArgumentTypeError(f"{text}: must be {low} or more")
+        return value
+    return check
 
 
 def _verbose(p: argparse.ArgumentParser) -> None:

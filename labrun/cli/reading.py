@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.markup import escape
 from rich.table import Table
 
-from labrun.cli.common import CliError, console, err
+from labrun.cli.common import CliError, console, err, labrun_command, styled
 
 
 def cmd_check(args) -> int:
@@ -83,7 +83,7 @@ def print_status(report: dict) -> None:
     for i, p in enumerate(report["phases"], 1):
         u = p["usage"]
         tokens = sum(u[k] for k in u if k.endswith("tokens"))
-        phases.add_row(str(i), p["key"], p["status"], str(p["runs"]), f"{tokens:,}", f"${u['cost_usd']:.4f}")
+        phases.add_row(str(i), p["key"], styled(p["status"]), str(p["runs"]), f"{tokens:,}", f"${u['cost_usd']:.4f}")
     console.print(phases)
     for p in report["phases"]:
         if p.get("older_prompt"):
@@ -93,7 +93,8 @@ def print_status(report: dict) -> None:
         attempts = Table("attempt", "phase", "run", "status", "command", "error / fix")
         for a in report["attempts"]:
             note = a["error"] or (f"fix: {a['fix_applied']}" if a["fix_applied"] else "")
-            attempts.add_row(str(a["n"]), a["phase"], a["run_id"] or "", a["status"], a["command"], note)
+            attempts.add_row(str(a["n"]), a["phase"], a["run_id"] or "", styled(a["status"]), escape(a["command"]),
+                             escape(note))
         console.print(attempts)
     print_plan(report["plan"])
     u = report["usage"]
@@ -103,6 +104,9 @@ def print_status(report: dict) -> None:
                   + (f" (${u['estimated_usd']:.4f} of it estimated: runs killed before their bill)"
                      if u.get("estimated_usd") else ""))
     console.print(clock_text(s["clock"]), markup=False)
+    if review := s.get("awaiting_review"):
+        console.print(f"awaiting review: phase {review['phase']} since {review['requested_at']}; it wrote "
+                      f"{escape(', '.join(review['outputs'][:8]) or 'no files')}", highlight=False)
     console.print(f"next: {s['next_action']}")
 
 
@@ -149,5 +153,6 @@ def session_dir(workspace: str) -> Path:
     if root.exists() and not root.is_dir():
         raise CliError(f"{workspace}: is a file, not a session's folder")
     if not (root / ".labrun" / "state.json").is_file():
-        raise CliError(f"{workspace}: no labrun session here (start one with `labrun run IDEA.yaml --workspace {workspace}`)")
+        raise CliError(f"{workspace}: no labrun session here (start one with `{labrun_command()} run IDEA.yaml "
+                       f"--workspace {workspace}`)")
     return root

@@ -11,16 +11,18 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rich.markup import escape
-
-from labrun.cli.common import DEFAULT_AGENT, CliError, console, err, phase_options
+from labrun.cli.common import DEFAULT_AGENT, CliError, console, err, labrun_command, phase_options
+from labrun.cli.display import SessionDisplay, summary
 from labrun.resources import EXAMPLES
 
 DEMO_IDEA = EXAMPLES / "demo_noise_averaging.yaml"
+EXIT_AWAITS_REVIEW = 3
+"""The run did all it may until a person reviews a phase (`labrun review`)."""
+EXIT_STOPPED_BY_REVIEW = 4
+"""The session's reviewer ended it."""
 FLUSH_S = 3.0
 """How long, at the end, Prefect's log and event queues may take to reach the API."""
 
@@ -45,10 +47,13 @@ class Run:
     """False: the agent's commands run without network from now on (`--no-network`)."""
     pass_env: tuple[str, ...] = ()
     """Keys for the experiments' commands besides the session's (`--pass-env`)."""
+    review_after: list[str] | None = None
+    """Phases a person reviews (`--review-after`; None: the session's, or the idea's)."""
 
 
 def cmd_run(args) -> int:
     from labrun.idea import IdeaError, load_idea
+    from labrun.phases import phase_list
 
     try:
         idea = load_idea(args.idea)
@@ -66,9 +71,8 @@ def cmd_run(args) -> int:
                 f"{args.workspace} already holds a session of another idea ({stored.idea_path}); "
                 "use a new --workspace, or `labrun resume` to continue that one"
             )
-        if _nothing_to_do(root, args):
-            console.print(f"{args.workspace}: the session is already complete and its outputs are intact; nothing to do.")
-            return 0
+        if (done := _nothing_to_do(root, args, stored)) is not None:
+            return done
         console.print(f"{args.workspace} holds a session of this idea: resuming it.")
     elif root.exists() and any(root.iterdir()):
         console.print(f"[yellow]note:[/yellow] {args.workspace} is not empty; the agent will work beside what is there.")
@@ -81,10 +85,11 @@ def cmd_run(args) -> int:
             raise CliError(str(e)) from None
     agent = args.agent or (DEFAULT_AGENT if stored is None else None)  # a resumed one keeps its own
     with_phases = tuple(phase_options(args.with_phases, args.paper_style, idea.with_phases))
+    reviewed = review_after(args, stored.phases if stored else phase_list([*with_phases, *idea.with_phases]))
     return run_session(Run(args.idea, args.workspace, agent, args.model, args.budget_usd, args.max_turns,
                            args.verbose, with_phases, args.paper_style,
-                           f"labrun run {args.idea} --workspace {args.workspace}", network=args.network,
-                           pass_env=keys))
+                           f"{labrun_command()} run {args.idea} --workspace {args.workspace}", network=args.network,
+                           pass_env=keys, review_after=reviewed))
 
 
 def cmd_resume(args) -> int:
@@ -93,12 +98,18 @@ def cmd_resume(args) -> int:
     root = session_dir(args.workspace)
     check_workspace(root)
     keys = passed_keys(args)
-    if _nothing_to_do(root, args):
-        console.print(f"{args.workspace}: the session is already complete and its outputs are intact; nothing to do.")
-        return 0
+    stored = _stored_state(root)
+    if (done := _nothing_to_do(root, args, stored)) is not None:
+        return done
+    reviewed = review_after(args, stored.phases)
+    last = stored.last_run
+    if last is not None and last.deployment_id:
+        console.print(f"[yellow]note:[/yellow] this session's last run was the deployment run {last.name} "
+                      f"({last.id}); this resume runs here as a new flow run, also named {root.resolve().name}, "
+                      f"and that one keeps its state in the UI (retry it there instead to resume it on a worker)")
     return run_session(Run(None, args.workspace, model=args.model, budget_usd=args.budget_usd,
                            max_turns=args.max_turns, verbose=args.verbose, network=args.network,
-                           pass_env=keys))
+                           pass_env=keys, review_after=reviewed))
 
 
 def cmd_demo(args) -> int:
@@ -106,15 +117,22 @@ def cmd_demo(args) -> int:
                   "(an offline stand-in for demos and tests, not research).")
     root = Path(args.workspace)
     check_workspace(root)
-    if _stored_state(root) is not None and _nothing_to_do(root, args):
-        console.print(f"{args.workspace}: the demo session is already complete; nothing to do.")
-        return 0
-    code = run_session(Run(str(DEMO_IDEA), args.workspace, "scripted", verbose=args.verbose,
-                           start_again=f"labrun demo {args.workspace}"))
-    if code == 0:
-        console.print(f"Read {args.workspace}/REPORT.md and {args.workspace}/STATE.md, "
-                      f"or run `labrun status {args.workspace}`.")
-    return code
+    if (stored := _stored_state(root)) is not None and (done := _nothing_to_do(root, args, stored)) is not None:
+        return done
+    return run_session(Run(str(DEMO_IDEA), args.workspace, "scripted", verbose=args.verbose,
+                           start_again=f"{labrun_command()} demo {args.workspace}"))
+
+
+def review_after(args, phases=None) -> list[str] | None:
+    """`--review-after`, each one of the session's `phases` (None: a phase labrun knows)."""
+    from labrun.phases import BY_KEY, review_after_phases
+
+    if args.review_after is None:
+        return None
+    try:
+        return review_after_phases(args.review_after.split(","), list(phases or BY_KEY))
+    except ValueError as e:
+        raise CliError(f"--review-after: {e}") from None
 
 
 def passed_keys(args) -> tuple[str, ...]:
@@ -164,11 +182,18 @@ def _stored_state(root: Path):
     return state
 
 
-def _nothing_to_do(root: Path, args) -> bool:
+def _nothing_to_do(root: Path, args, stored) -> int | None:
+    """The exit code of a run or resume that has nothing to do, having said so; else None."""
     from labrun.status import finished_and_intact
 
     overrides = getattr(args, "budget_usd", None) is not None or getattr(args, "max_turns", None) is not None
-    return not overrides and finished_and_intact(root)
+    if not overrides and finished_and_intact(root):
+        console.print(f"{args.workspace}: the session is already complete and its outputs are intact; nothing to do.")
+        return 0
+    if stored.stopped_by_review:
+        console.print(f"{args.workspace}: nothing to do; next action: {stored.next_action(args.workspace)}")
+        return EXIT_STOPPED_BY_REVIEW
+    return None
 
 
 def _check_agent(run: Run) -> None:
@@ -211,7 +236,7 @@ def run_session(run: Run) -> int:
     from labrun.serving import ServerError
     from labrun.serving.api import RunApi
 
-    _configure_logging()
+    display = _show_progress()
     _check_agent(run)
     log = logging.getLogger("labrun")
     api, interrupted = None, False
@@ -219,7 +244,6 @@ def run_session(run: Run) -> int:
         with stop_on_signals():
             api = RunApi.find_or_start()
             os.environ["PREFECT_API_URL"] = api.url  # before Prefect reads its settings
-            os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
             # As prefect.yaml sets for deployments: a labrun server's zombie automation
             # expects a heartbeat every 30 s (Prefect's default is 180), and marks a run
             # that sends none for 90 s Crashed.
@@ -231,10 +255,11 @@ def run_session(run: Run) -> int:
             api.wait()
             return _run_flow(run, research_session)
     except Interrupted as e:
+        display.close()
         interrupted = True
         root = Path(run.workspace)
         if (root / ".labrun" / "state.json").is_file():
-            err.print(f"[yellow]labrun: interrupted; resume with: labrun resume {run.workspace}[/yellow]")
+            err.print(f"[yellow]labrun: interrupted; resume with: {labrun_command()} resume {run.workspace}[/yellow]")
         else:
             err.print(f"[yellow]labrun: interrupted before the session started; start it again with: "
                       f"{run.start_again}[/yellow]")
@@ -242,6 +267,7 @@ def run_session(run: Run) -> int:
     except ServerError as e:
         raise CliError(str(e), code=1) from None
     finally:
+        display.close()
         if api is not None:
             _flush_prefect()
             api.stop()
@@ -264,16 +290,28 @@ def _run_flow(run: Run, research_session) -> int:
     from labrun.workspace import WorkspaceBusy
 
     try:
-        research_session(run.idea_path, str(Path(run.workspace).resolve()), run.agent, run.model,
+        result = research_session(run.idea_path, str(Path(run.workspace).resolve()), run.agent, run.model,
                          run.budget_usd, run.max_turns, list(run.with_phases), run.paper_style, run.network,
-                         from_phase=run.from_phase, note=run.note, pass_env=list(run.pass_env))
+                         from_phase=run.from_phase, note=run.note, pass_env=list(run.pass_env),
+                         review_after=run.review_after)
     except (WorkspaceBusy, AgentUnavailable, SessionMismatch, BranchError) as e:
         raise CliError(str(e)) from None
     except Exception as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise CliError(f"session stopped: {first}\nresume with: labrun resume {run.workspace}", code=1) from None
-    console.print(f"[green]Session complete.[/green] {run.workspace}/REPORT.md · `labrun status {run.workspace}`")
-    return 0
+        _print_summary(run.workspace, err)
+        raise CliError(f"session stopped: {first}\nresume with: {labrun_command()} resume {run.workspace}",
+                       code=1) from None
+    _print_summary(run.workspace, console)
+    result = result if isinstance(result, dict) else {}
+    return EXIT_AWAITS_REVIEW if result.get("awaiting_review") else EXIT_STOPPED_BY_REVIEW \
+        if result.get("stopped_by_review") else 0
+
+
+def _print_summary(workspace: str, where) -> None:
+    try:
+        where.print(summary(workspace))
+    except Exception as e:  # a summary that cannot be read must not hide how the run ended
+        where.print(f"[yellow]labrun: no summary ({type(e).__name__}: {e})[/yellow]")
 
 
 def _flush_prefect() -> None:
@@ -304,18 +342,12 @@ def _quiet_prefect_console(verbose: bool) -> None:
                     logger.removeHandler(handler)
 
 
-class _Progress(logging.Handler):
-    """Engine events and turns, one line each, on stderr."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        colour = "yellow" if record.levelno >= logging.WARNING else "dim"
-        stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
-        err.print(f"[{colour}]{stamp}[/{colour}] {escape(record.getMessage())}")
-
-
-def _configure_logging() -> None:
+def _show_progress() -> SessionDisplay:
     log = logging.getLogger("labrun")
-    if not any(isinstance(h, _Progress) for h in log.handlers):
-        log.addHandler(_Progress())
+    for handler in [h for h in log.handlers if isinstance(h, SessionDisplay)]:
+        log.removeHandler(handler)
+    display = SessionDisplay(err)
+    log.addHandler(display)
     log.setLevel(logging.INFO)
     log.propagate = False
+    return display

@@ -84,7 +84,10 @@ def cmd_queue(args) -> int:
     from labrun.keys import pass_env_names
     from labrun.serving.submit import collect_ideas
 
+    from labrun.cli.running import review_after
+
     args.with_phases = phase_options(args.with_phases, args.paper_style)  # each idea may ask for more
+    args.review_after = review_after(args)
     try:  # their values are the worker's, so they are not looked for here
         args.pass_env = pass_env_names(args.pass_env or ())
     except ValueError as e:
@@ -141,7 +144,8 @@ def _queue_one(path: Path, root: Path, args) -> str:
                       f"{active.id}, {active.state.name if active.state else 'no state'}); not queued again")
         return "skipped"
     run = submit_session(path, workspace, args.agent, args.model, args.deployment,
-                         with_phases=args.with_phases, paper_style=args.paper_style, pass_env=args.pass_env)
+                         with_phases=args.with_phases, paper_style=args.paper_style, pass_env=args.pass_env,
+                         review_after=args.review_after)
     console.print(f"{path.name} → {workspace}\n  {_agent_of(workspace, args.agent)}\n"
                   f"  flow run {run.name} {run.id}\n  {flow_run_url(run.id)}")
     return "queued"

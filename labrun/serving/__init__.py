@@ -1,4 +1,4 @@
-"""Server mode (DESIGN.md): sessions as deployment runs on the `labrun` process work pool.
+"""Server mode (docs/design.md): sessions as deployment runs on the `labrun` process work pool.
 
 - `prepare`: the pool, its `sessions` work queue, the `labrun-model-api` global concurrency
   limit and the automation that marks a silent run Crashed;

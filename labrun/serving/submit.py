@@ -40,7 +40,7 @@ def submit_session(idea_path: Path, workspace: Path, agent: str | None = None,
                    idempotency_key: str | None = None,
                    job_variables: dict[str, Any] | None = None,
                    with_phases: list[str] | None = None, paper_style: str | None = None,
-                   pass_env: list[str] | None = None):
+                   pass_env: list[str] | None = None, review_after: list[str] | None = None):
     """One session flow run of the deployment; returns at once (the FlowRun)."""
     from prefect.deployments import run_deployment
 
@@ -55,6 +55,8 @@ def submit_session(idea_path: Path, workspace: Path, agent: str | None = None,
         parameters["paper_style"] = paper_style
     if pass_env:  # names only: the values are the worker's
         parameters["pass_env"] = list(pass_env)
+    if review_after is not None:
+        parameters["review_after"] = list(review_after)
     return run_deployment(
         deployment, parameters=parameters, timeout=0, flow_run_name=workspace.name,
         tags=["labrun"], idempotency_key=idempotency_key, job_variables=job_variables,

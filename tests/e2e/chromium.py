@@ -97,18 +97,59 @@ class Browser:
         missing = [n for n in needles if n not in text]
         raise AssertionError(f"the page never showed {missing}; it shows:\n{text[:3000]}")
 
-    def click_text(self, text: str, selector: str = "button, a, [role=tab]") -> None:
-        clicked = self.js(
+    def click_text(self, text: str, selector: str = "button, a, [role=tab]", timeout_s: float = 15) -> None:
+        """A mouse click (pressed and released, as a person's) at the middle of the element
+        `selector` finds whose text is `text`, once it is there, in view and uncovered: a
+        person waits for a page to settle before clicking too."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = self.js(
+                f"""(() => {{
+                    const el = [...document.querySelectorAll({json.dumps(selector)})]
+                        .filter(e => e.offsetParent !== null)
+                        .find(e => e.innerText && e.innerText.trim() === {json.dumps(text)});
+                    if (!el) return "not on the page";
+                    el.scrollIntoView({{block: "center", behavior: "instant"}});
+                    const r = el.getBoundingClientRect();
+                    const [x, y] = [r.x + r.width / 2, r.y + r.height / 2];
+                    const top = document.elementFromPoint(x, y);
+                    if (!top || !(el.contains(top) || top.contains(el)))
+                        return "covered by " + (top ? top.outerHTML.slice(0, 200) : "nothing");
+                    return [x, y];
+                }})()"""
+            )
+            if not isinstance(found, str):
+                break
+            if time.monotonic() > deadline:
+                raise AssertionError(f"cannot click {text!r}: {found}")
+            time.sleep(0.25)
+        for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
+            self.send("Input.dispatchMouseEvent", type=kind, x=found[0], y=found[1], button="left",
+                      clickCount=0 if kind == "mouseMoved" else 1)
+
+    def type_into(self, selector: str, text: str) -> None:
+        """Focus the first element `selector` finds and type `text` as keyboard input."""
+        if not self.js(f"(() => {{ const el = document.querySelector({json.dumps(selector)}); "
+                       f"if (!el) return false; el.focus(); return true; }})()"):
+            raise AssertionError(f"nothing to type into at {selector!r}")
+        self.send("Input.insertText", text=text)
+
+    def choose(self, selector: str, value: str) -> None:
+        """Pick `value` in the first <select> `selector` finds, as a person's choice does
+        (what Playwright's select_option does: the value, then its input and change events)."""
+        chosen = self.js(
             f"""(() => {{
-                const el = [...document.querySelectorAll({json.dumps(selector)})]
-                    .find(e => e.innerText && e.innerText.trim() === {json.dumps(text)});
-                if (!el) return false;
-                el.click();
+                const el = document.querySelector({json.dumps(selector)});
+                if (!el || ![...el.options].some(o => o.value === {json.dumps(value)})) return false;
+                el.focus();
+                el.value = {json.dumps(value)};
+                el.dispatchEvent(new Event("input", {{bubbles: true}}));
+                el.dispatchEvent(new Event("change", {{bubbles: true}}));
                 return true;
             }})()"""
         )
-        if not clicked:
-            raise AssertionError(f"nothing to click named {text!r}")
+        if not chosen:
+            raise AssertionError(f"no option {value!r} at {selector!r}")
 
     def screenshot(self, path: Path) -> None:
         data = self.send("Page.captureScreenshot", format="png")["data"]

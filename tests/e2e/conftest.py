@@ -31,15 +31,17 @@ from e2e_helpers import CRASH_AFTER_S, EXAMPLES, REPO, UUID_RE, labrun, wait_for
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "e2e: end-to-end test against a real Prefect server and worker (slow)"
+        "markers", "e2e: end-to-end test against a real Prefect server and worker (also slow)"
     )
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
 def pytest_collection_modifyitems(config, items):
     here = Path(__file__).parent
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.e2e)
+            item.add_marker(pytest.mark.slow)
 
 
 def _clean_env() -> dict[str, str]:

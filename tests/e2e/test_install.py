@@ -94,13 +94,20 @@ def assert_checks_and_runs_the_demo(installed: Path, idea: Path, tmp_path: Path)
     check = subprocess.run([str(installed), "check", str(idea)], cwd=elsewhere, env=env, capture_output=True,
                            text=True, timeout=60)
     assert check.returncode == 0 and ": valid ·" in check.stdout, check.stderr
+    # The bundled examples, copied out of site-packages, check where they land.
+    copied = subprocess.run([str(installed), "examples", "ideas"], cwd=elsewhere, env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert copied.returncode == 0, copied.stderr
+    check = subprocess.run([str(installed), "check", "ideas/demo_noise_averaging.yaml"], cwd=elsewhere, env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0 and ": valid ·" in check.stdout, check.stderr
     home = tmp_path / "prefect-home" / "labrun"
     try:
         demo = subprocess.run([str(installed), "demo"], cwd=elsewhere, env=env, capture_output=True,
                               text=True, timeout=300)
         out = demo.stdout + demo.stderr
         assert demo.returncode == 0, out
-        assert "Session complete." in out
+        assert "Session complete ·" in out
         assert "Prefect builds its database" in " ".join(out.split()), out  # a first run says why it waits
         assert not [line for line in out.splitlines() if any(n in line for n in NOISE)], out
         report = (elsewhere / "labrun-demo" / "REPORT.md").read_text()

@@ -104,21 +104,21 @@ def test_three_sessions_at_once_and_a_retry_from_the_ui(prefect_server, three_se
     # The UI shows the session: STATE.md, attempts, progress, tokens and cost.
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-    sid = after["session"]["id"]
+    sid, title = after["session"]["id"], after["idea"]["title"]
     with client() as c:
         versions = c.read_artifacts(artifact_filter=ArtifactFilter(
-            key=ArtifactFilterKey(any_=[artifact_key(sid, "state")])))
+            key=ArtifactFilterKey(any_=[artifact_key(title, sid, "state")])))
         collections = {a.key: a for a in c.read_latest_artifacts(limit=200)}
     assert len(versions) == 2, "one STATE.md version per run of the session"
-    state_md = collections[artifact_key(sid, "state")].data
+    state_md = collections[artifact_key(title, sid, "state")].data
     assert (s.workspaces[s.failing] / "STATE.md").read_text() == state_md
     assert "Phase 6 — documentation: DONE" in state_md
-    assert float(collections[artifact_key(sid, "progress")].data) == 100.0
-    attempts_table = json.loads(collections[artifact_key(sid, "attempts")].data)
+    assert float(collections[artifact_key(title, sid, "progress")].data) == 100.0
+    attempts_table = json.loads(collections[artifact_key(title, sid, "attempts")].data)
     assert attempts_table["status"] == ["FAILED", "SUCCESS"]
-    usage_table = json.loads(collections[artifact_key(sid, "usage")].data)
+    usage_table = json.loads(collections[artifact_key(title, sid, "usage")].data)
     assert usage_table["phase"][-1] == "session"
-    assert usage_table["input tokens"][-1] == after["usage"]["input_tokens"]
+    assert usage_table["input"][-1] == after["usage"]["input_tokens"]
 
 
 def test_experiment_queue_flow_submits_each_new_idea_once(prefect_server, worker, tmp_path):
@@ -330,7 +330,8 @@ def test_a_run_in_flight_when_labrun_server_stops_is_crashed_after_its_restart(t
     """Ctrl-C to `labrun server` while a session runs; once the server is started again the
     run becomes Crashed within 2 minutes (the heartbeat automation), and Retry finishes it
     from where it stopped. Meanwhile a `labrun run` from the command line, on that server
-    and alive longer than the automation's window, is never Crashed."""
+    and alive longer than the automation's window, is never Crashed; and a run suspended for
+    review before the stop still waits after the restart, and a review resumes it."""
     import signal
     import subprocess
     import sys
@@ -345,11 +346,16 @@ def test_a_run_in_flight_when_labrun_server_stops_is_crashed_after_its_restart(t
     env.update({"PREFECT_HOME": str(tmp_path / "home"), "PREFECT_WORKER_QUERY_SECONDS": "1"})
     idea = idea_copy(tmp_path / "ideas", "in_flight.yaml")
     ws = submit.workspace_for(idea, load_idea(idea).content_hash, tmp_path / "ws")
+    reviewed = idea_copy(tmp_path / "ideas", "reviewed.yaml", "Restart test: a plan that awaits review")
+    reviewed_ws = submit.workspace_for(reviewed, load_idea(reviewed).content_hash, tmp_path / "ws")
     server = _labrun_server(tmp_path, port, env, "server-1.log")
     try:
         with temporary_settings({PREFECT_API_URL: api_url}):
             run_id = submit.submit_session(idea, ws, agent="scripted", job_variables={"env": {
                 "LABRUN_SCRIPTED_FAULTS": "hang@experiments:3"}}).id
+            reviewed_id = submit.submit_session(reviewed, reviewed_ws, agent="scripted",
+                                                review_after=["planning"]).id
+            assert wait_for([reviewed_id], states={"PAUSED"}, timeout_s=180)[str(reviewed_id)].state.name == "Suspended"
             deadline = time.monotonic() + 180
             while not (ws / ".labrun/faults/experiments-3.reached").exists():
                 assert time.monotonic() < deadline, "the session never reached experiments turn 3"
@@ -392,6 +398,11 @@ def test_a_run_in_flight_when_labrun_server_stops_is_crashed_after_its_restart(t
             history = [s.type.value for s in states]
             assert cli_run.poll() is None, cli_log.read_text()
             assert history == ["PENDING", "RUNNING"], f"the command-line run went through {history}"
+
+            assert read_run(reviewed_id).state.name == "Suspended"  # through the restart and the window
+            out = labrun("review", str(reviewed_ws), "--approve", env={**env, "PREFECT_API_URL": api_url}).stdout
+            assert "resumed with the decision (approve)" in out, out
+            assert wait_for([reviewed_id], timeout_s=180)[str(reviewed_id)].state.type.value == "COMPLETED"
         status = status_json(ws, env)
         assert {p["key"]: p["runs"] for p in status["phases"]}["implementation"] == 1
         assert [(a["n"], a["status"]) for a in status["attempts"]] == [(1, "FAILED"), (2, "SUCCESS")]

@@ -29,7 +29,7 @@ def test_ui_shows_the_six_phases_and_state_md(prefect_server, three_sessions):
     run_id = three_sessions.runs[name]
     status = status_json(three_sessions.workspaces[name], prefect_server.env)
     sid = status["session"]["id"]
-    keys = [artifact_key(sid, k) for k in ("state", "attempts", "progress", "usage")]
+    keys = [artifact_key(status["idea"]["title"], sid, k) for k in ("state", "attempts", "progress", "usage")]
     phase_tasks = {t.name for t in task_runs(run_id) if t.name[:1].isdigit()}
     assert phase_tasks == {"1-planning", "2-setup", "3-implementation", "4-experiments",
                            "5-analysis", "6-documentation"}

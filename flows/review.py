@@ -1,0 +1,73 @@
+"""A review's Prefect side (`labrun.review` has the rest): the Resume form, and the gate
+after a reviewed phase, which suspends a deployment run until the decision comes."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from prefect.context import FlowRunContext
+from prefect.flow_runs import suspend_flow_run
+from prefect.input import RunInput
+from pydantic import Field, ValidationError
+
+from labrun.review import Outcome, apply, description, record, review_round
+from labrun.state import Review, ReviewDecision
+
+UI_REVIEWER = "the Prefect UI"
+
+
+class ReviewInput(RunInput):
+    """The Prefect UI's Resume form for a phase that awaits review (and what `labrun review`
+    sends a suspended deployment run)."""
+
+    decision: ReviewDecision = Field(
+        description="approve: go on to the next phase; revise: send this phase back to the agent with "
+                    "the text; stop: end the session here")
+    text: str = Field(default="", description="approve: a comment every later phase's prompt shows; "
+                                              "revise: what to change")
+    reviewer: str = Field(default=UI_REVIEWER, description="who reviews (recorded in STATE.md)")
+
+
+def gate(session, number: int, phase: str, manifest: dict) -> Outcome:
+    """After `phase` completed (with `manifest`): go on, run it again with a revision, stop,
+    or wait."""
+    state, store = session.state, session.store
+    reviews = state.reviews_of(phase)
+    last = reviews[-1] if reviews else None
+    if last is None or (last.applied and last.decision == "revise"):  # the phase completed: ask
+        last = Review(phase=phase, branch=state.branch, round=review_round(state, phase),
+                      outputs=list(manifest.get("files", {})))
+        state.reviews.append(last)
+        store.log(f"phase {number} {phase} awaits review: `labrun review {session.ws.root}`")
+    if last.applied:
+        return {"approve": "approved", "stop": "stopped"}[last.decision]
+    if last.decision is None:
+        given = _wait_on_worker(session, last) if _deployment_run() else None
+        if given is None:
+            return "waiting"
+        record(store, last, given.decision, given.text, given.reviewer)
+    return apply(session, number, last)
+
+
+def _deployment_run() -> bool:
+    ctx = FlowRunContext.get()
+    return bool(ctx and ctx.flow_run and ctx.flow_run.deployment_id)
+
+
+def _wait_on_worker(session, review: Review) -> ReviewInput | None:
+    """Suspend this deployment run until the review comes (this process then exits); on the
+    run that the Resume starts, the same suspension returns the decision. A run started again
+    any other way (a Retry pressed meanwhile) finds none, and suspends anew."""
+    form = ReviewInput.with_initial_data(description=description(session.state, session.ws.root, review))
+    run = str(FlowRunContext.get().flow_run.id)
+    while True:
+        if review.pause_key is None or review.flow_run != run:  # this run's own suspension
+            review.pause_key = f"review-{review.branch}-{review.phase}-{review.round}-{uuid.uuid4().hex[:8]}"
+            review.flow_run = run
+            session.store.save()
+        try:
+            return suspend_flow_run(wait_for_input=form, key=review.pause_key)
+        except ValidationError:  # resumed without a decision: not by a Resume
+            logging.getLogger("labrun").info("phase %s still awaits review; suspending again", review.phase)
+            review.pause_key = None

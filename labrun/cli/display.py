@@ -1,0 +1,105 @@
+"""What a session shows in the terminal while it runs, and the summary it ends with.
+
+The engine logs one line per event and per turn (logger `labrun`). At a terminal each line is
+coloured by what it says, under a spinner line naming the phase (N of M), the turn and what
+runs now: the model's turn, an attempt, the engine's rerun. Elsewhere (a pipe, a file, CI)
+they are the same lines, plain and timestamped, and nothing redraws.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+
+from labrun.cli.common import labrun_command, styled
+
+PHASE = re.compile(r"^phase (\d+ of \d+) (\S+) (?:started|resumed at turn (\d+))")
+TURN = re.compile(r"^(\S+) · turn (\d+) · ")
+ATTEMPT_STARTED = re.compile(r"^attempt (\d+) started: (.*)")
+ENGINE_RERUN = re.compile(r"^attempt (\d+): the engine reruns it")
+OUTCOME = re.compile(r"\b(SUCCESS|FAILED|TIMEOUT|INTERRUPTED|REPRODUCED|DIVERGED|SKIPPED|finished|complete)\b")
+
+
+class SessionDisplay(logging.Handler):
+    """Engine events and turns on `console` (stderr), one line each."""
+
+    def __init__(self, console: Console):
+        super().__init__()
+        self.console = console
+        self.spinner = console.status("starting", spinner="dots") if console.is_terminal else None
+        self.phase = ""
+        self.started = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
+        if record.levelno >= logging.WARNING:
+            line = f"[yellow]{escape(text)}[/yellow]"
+        else:
+            line = OUTCOME.sub(lambda m: styled(m.group(1)), escape(text), count=1)
+        self.console.print(f"[dim]{stamp}[/dim] {line}")
+        if self.spinner is not None:
+            self._follow(text)
+
+    def _follow(self, text: str) -> None:
+        """The spinner's line: where the session is and what runs now."""
+        if m := PHASE.match(text):
+            self.phase = f"phase {m.group(1)} · {m.group(2)}"
+            doing = f"the model's turn {m.group(3) or 1}"
+        elif m := TURN.match(text):
+            doing = f"the model's turn {int(m.group(2)) + 1}"
+        elif m := ATTEMPT_STARTED.match(text):
+            command = m.group(2)
+            doing = f"attempt {m.group(1)}: {command[:70]}{'…' if len(command) > 70 else ''}"
+        elif m := ENGINE_RERUN.match(text):
+            doing = f"the engine's rerun of attempt {m.group(1)}"
+        elif text == "session complete":
+            self.close()
+            return
+        else:
+            return
+        if not self.started:
+            self.spinner.start()
+            self.started = True
+        self.spinner.update(escape(f"{self.phase} · {doing}" if self.phase else doing))
+
+    def close(self) -> None:
+        if self.spinner is not None and self.started:
+            self.spinner.stop()
+            self.started = False
+        super().close()
+
+
+def summary(workspace: str) -> str:
+    """The closing lines of a run: the phases, attempts, time, tokens, cost and what to read."""
+    from labrun.status import session_status
+
+    report = session_status(Path(workspace))
+    s, clock, usage = report["session"], report["session"]["clock"], report["usage"]
+    done = sum(p["status"] == "DONE" for p in report["phases"])
+    attempts = report["attempts"]
+    failed = sum(a["status"] == "FAILED" for a in attempts)
+    minutes = clock["elapsed_s"] / 60
+    tokens = sum(v for k, v in usage.items() if k.endswith("tokens"))
+    review = s.get("awaiting_review")
+    head = styled("complete") if s["complete"] else ("awaits review" if review else styled("stopped"))
+    lines = [f"[bold]Session {head}[/bold] · phases {done} of {len(report['phases'])} done · "
+             f"attempts {len(attempts)} ({failed} failed) · {minutes:.1f} min · {tokens:,} tokens · "
+             f"${usage['cost_usd']:.4f}"]
+    if s["complete"]:
+        lines.append(f"Read {escape(workspace)}/REPORT.md; `{labrun_command()} status {escape(workspace)}` "
+                     "shows the phases and attempts.")
+    elif review and review["decision"] is None:
+        files = ", ".join(review["outputs"][:8]) or "no files"
+        command = f"{labrun_command()} review {escape(workspace)}"
+        lines.append(f"Phase {review['phase']} awaits your review. It wrote: {escape(files)}.\n"
+                     f"`{command}` shows what to read; then `{command} --approve` (--comment TEXT), "
+                     "`--revise TEXT` or `--stop`.")
+    elif stop := s.get("stopped_by_review"):
+        lines.append(f"{escape(stop['reviewer'] or 'The reviewer')} stopped the session after phase {stop['phase']}.")
+    return "\n".join(lines)

@@ -1,0 +1,14 @@
+"""The line that refuses an unknown name: the nearest known one, when one is near, and the list."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Iterable
+
+
+def unknown(kind: str, value: str, known: Iterable[str], plural: str | None = None) -> str:
+    """`unknown agent 'codx' (did you mean 'codex'?); the agents are: anthropic, ...`"""
+    known = list(known)
+    near = difflib.get_close_matches(str(value), known, n=1, cutoff=0.6)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    return f"unknown {kind} {value!r}{hint}; the {plural or kind + 's'} are: {', '.join(known)}"

@@ -1,0 +1,187 @@
+"""Review by a person between phases, from the command line (`labrun review`).
+
+The real engine, the real `anthropic` SDK and `labrun` processes against the fake Messages
+API: what reaches the model before, during and after a review is read from the requests
+the fake server received. Kills at each step of a review use the scripted agent's engines
+(`forker`): each decision is applied once, never lost or repeated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from auto_responder import IDEA, AutoResearcher, phase_and_turn
+from fake_messages_api import FakeMessagesAPI
+from support import DEMO_IDEA, labrun
+
+from labrun.journal import Conversation
+from labrun.review import os_user
+
+REVISION = "Add a second noise level, sigma 2.0, to the plan."
+COMMENT = "Report the slope with a bootstrap interval."
+
+
+def state(ws: Path) -> dict:
+    return json.loads((ws / ".labrun/state.json").read_text())
+
+
+def one_line_refusal(result, *needles: str) -> None:
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+@pytest.fixture
+def fake_api(monkeypatch, prefect_api):
+    for name in ("ANTHROPIC_AUTH_TOKEN", "LABRUN_MODEL", "LABRUN_PRICES", "LABRUN_CONTEXT_MANAGEMENT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+    with FakeMessagesAPI(default=AutoResearcher(), cache_accounting=True) as api:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.url)
+        yield api
+
+
+def test_a_reviewed_plan_is_revised_then_approved_and_its_comment_reaches_every_later_phase(tmp_path, fake_api):
+    idea, ws = tmp_path / "idea.yaml", tmp_path / "ws"
+    idea.write_text(IDEA)
+    walls = []
+
+    def timed(*args: str):
+        start = time.monotonic()
+        result = labrun(*args)
+        walls.append(time.monotonic() - start)
+        return result
+
+    first = timed("run", str(idea), "--workspace", str(ws), "--agent", "anthropic", "--review-after", "planning")
+    assert first.returncode == 3, first.stdout + first.stderr
+    assert "Phase planning awaits your review. It wrote: planning.md." in first.stdout
+    assert f"review {ws} --approve" in first.stdout
+    assert {phase_and_turn(r["body"])[0] for r in fake_api.requests} == {"planning"}  # nothing after it
+    report = json.loads(labrun("status", str(ws), "--json").stdout)
+    assert report["session"]["awaiting_review"]["phase"] == "planning"
+    assert report["session"]["awaiting_review"]["outputs"] == ["planning.md"]
+    assert report["session"]["next_action"].startswith(f"review phase planning: `labrun review {ws}`")
+    assert re.search(r"Awaiting review: phase planning since .*; it wrote planning.md", (ws / "STATE.md").read_text())
+
+    asked = len(fake_api.requests)
+    shown = labrun("review", str(ws))
+    assert shown.returncode == 0 and "planning.md" in shown.stdout and "R1:" in shown.stdout, shown.stdout
+    assert len(fake_api.requests) == asked  # showing it asks nothing
+
+    time.sleep(3)  # a review takes a person's time: the session clock must not count it
+    asked = len(fake_api.requests)
+    revised = timed("review", str(ws), "--revise", REVISION)
+    assert revised.returncode == 3, revised.stdout + revised.stderr
+    after = [r["body"] for r in fake_api.requests[asked:]]
+    assert [phase_and_turn(b) for b in after] == [("planning", 3)]  # the same conversation, one turn on
+    last_user = after[0]["messages"][-1]
+    assert last_user["role"] == "user" and REVISION in json.dumps(last_user["content"])
+    before = fake_api.requests[asked - 1]["body"]["messages"]
+    assert len(after[0]["messages"]) == len(before) + 2  # its last reply, then the revision
+    assert after[0]["messages"][-2]["role"] == "assistant"
+
+    time.sleep(3)
+    asked = len(fake_api.requests)
+    approved = timed("review", str(ws), "--approve", "--comment", COMMENT)
+    assert approved.returncode == 0, approved.stdout + approved.stderr
+    later = [r["body"] for r in fake_api.requests[asked:]]
+    phases = [phase_and_turn(b)[0] for b in later]
+    assert "planning" not in phases  # no finished phase is asked again
+    assert set(phases) == {"setup", "implementation", "experiments", "analysis", "documentation"}
+    for body in later:
+        system = body["system"] if isinstance(body["system"], str) else "".join(b["text"] for b in body["system"])
+        assert COMMENT in system, phase_and_turn(body)
+    for body in [r["body"] for r in fake_api.requests[:asked]]:
+        assert COMMENT not in json.dumps(body)
+
+    saved = state(ws)
+    assert [(r["phase"], r["round"], r["decision"], r["reviewer"], r["applied"]) for r in saved["reviews"]] == [
+        ("planning", 1, "revise", os_user(), True), ("planning", 2, "approve", os_user(), True)]
+    worklog = "\n".join(saved["worklog"])
+    assert f"review of planning (round 1): revise by {os_user()}: {REVISION}" in worklog
+    assert f"review of planning (round 2): approve by {os_user()}: {COMMENT}" in worklog
+    assert saved["phases"]["planning"]["runs"] == 2 and all(
+        saved["phases"][k]["runs"] == 1 for k in saved["phases"] if k != "planning")
+    assert saved["elapsed_s"] <= sum(walls)  # the six seconds of review are not in it
+
+
+def test_bad_review_input_is_refused_in_one_line_before_anything_is_written(tmp_path, prefect_api, cli):
+    ws = tmp_path / "ws"
+    one_line_refusal(labrun("run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted",
+                            "--review-after", "planing"), "--review-after", "did you mean 'planning'")
+    assert not ws.exists()
+    one_line_refusal(labrun("run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted",
+                            "--review-after", "paper"), "paper")  # a phase this session does not have
+    assert not ws.exists()
+    finished = cli("run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted")
+    assert finished.returncode == 0, finished.stderr
+    one_line_refusal(labrun("review", str(ws), "--approve"), "no phase awaits review")
+    one_line_refusal(labrun("review", str(ws), "--approve", "--stop"), "give one decision")
+
+
+@pytest.mark.parametrize("where", ["review-decided", "review-applied"])
+def test_a_review_killed_at_each_step_is_applied_once(tmp_path, prefect_api, forker, cli, where):
+    ws = tmp_path / "ws"
+    first = cli("run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted", "--review-after", "planning")
+    assert first.returncode == 3, first.stderr
+    killed = forker.run(["review", str(ws), "--revise", REVISION], env={"LABRUN_CRASH_AT": f"{where}:1"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    review = state(ws)["reviews"][0]
+    assert review["decision"] == "revise" and review["applied"] == (where == "review-applied")
+
+    if where == "review-decided":  # a second decision is not taken: the first one goes on
+        again = cli("review", str(ws), "--approve")
+        assert "decided already (revise" in again.stdout
+    else:  # applied: the phase is being revised, and a resume goes on with it
+        again = cli("resume", str(ws))
+    assert again.returncode == 3, again.stderr
+    convo = Conversation.latest(ws / ".labrun/phases/planning")
+    assert sum(REVISION in json.dumps(r) for r in convo.records if r["kind"] == "user") == 1
+    saved = state(ws)
+    assert [(r["round"], r["decision"], r["applied"]) for r in saved["reviews"]] == [(1, "revise", True), (2, None, False)]
+    assert saved["phases"]["planning"]["runs"] == 2 and saved["phases"]["setup"]["status"] == "pending"
+
+    done = cli("review", str(ws), "--approve")
+    assert done.returncode == 0, done.stderr
+    assert state(ws)["phases"]["planning"]["runs"] == 2
+
+
+def test_a_stop_ends_the_session_and_a_rerun_note_reaches_the_rerun_phases(tmp_path, prefect_api, cli):
+    ws = tmp_path / "ws"
+    assert cli("run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted",
+               "--review-after", "analysis").returncode == 3
+    stopped = cli("review", str(ws), "--stop")
+    assert stopped.returncode == 4, stopped.stderr
+    assert f"{os_user()} stopped the session after phase analysis" in stopped.stdout
+    before = (ws / ".labrun/state.json").read_bytes()
+    again = cli("resume", str(ws))
+    assert again.returncode == 4 and "labrun rerun" in again.stdout
+    assert (ws / ".labrun/state.json").read_bytes() == before  # a stopped session's runs write nothing
+
+    note = "Try the median instead of the mean."
+    rerun = cli("rerun", str(ws), "--from", "analysis", "--note", note)
+    assert rerun.returncode == 3, rerun.stderr  # the new branch's analysis is reviewed too
+    assert cli("review", str(ws), "--approve").returncode == 0
+    for phase, expected in (("analysis", True), ("documentation", True), ("experiments", False)):
+        system = next(r for r in Conversation.latest(ws / f".labrun/phases/{phase}").records if r["kind"] == "system")
+        assert (note in system["text"]) == expected, phase
+
+
+def test_the_ideas_metadata_names_the_phases_to_review(tmp_path, prefect_api, cli):
+    idea = tmp_path / "idea.yaml"
+    idea.write_text(DEMO_IDEA.read_text().replace("  metadata:\n", "  metadata:\n    review_after: setup\n", 1))
+    assert "review_after" in idea.read_text()
+    ws = tmp_path / "ws"
+    result = cli("run", str(idea), "--workspace", str(ws), "--agent", "scripted")
+    assert result.returncode == 3 and state(ws)["review_after"] == ["setup"], result.stderr
+    assert state(ws)["reviews"][0]["phase"] == "setup"
+    assert os.path.exists(ws / "planning.md") and not (ws / "src/experiment.py").exists()
