@@ -22,7 +22,8 @@ from prefect.states import State
 
 from pydantic import Field
 
-from labrun.agents import AGENTS, AgentUnavailable, require_priced
+from labrun.agents import AGENTS, AgentUnavailable
+from labrun.agents.backends import require_priced
 from labrun.artifacts import SessionArtifacts
 from labrun.branches import check_rerun_start, finish_rerun, rerun
 from labrun.keys import unset, unset_line

@@ -14,7 +14,7 @@ from typing import Any
 from prefect import task
 
 from labrun import prompts
-from labrun.agents import make_agent
+from labrun.agents.backends import make_agent
 from labrun.crashpoints import crashpoint
 from labrun.journal import Conversation, phase_usage
 from labrun.session import Session

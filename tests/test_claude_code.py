@@ -334,7 +334,7 @@ def plan_for(tmp_path: Path):
 
 
 def test_permissions_are_rules_unless_skipping_is_asked_for(monkeypatch, tmp_path):
-    from labrun.agents import make_agent
+    from labrun.agents.backends import make_agent
     from labrun.agents.cli_agent import RunPlan
 
     monkeypatch.setenv("PATH", ONLY_FAKE)
@@ -367,7 +367,7 @@ def test_permissions_are_rules_unless_skipping_is_asked_for(monkeypatch, tmp_pat
 
 
 def test_claude_gets_a_scrubbed_environment_and_a_subscription_stays_one(monkeypatch, tmp_path):
-    from labrun.agents import make_agent
+    from labrun.agents.backends import make_agent
 
     monkeypatch.setenv("PATH", ONLY_FAKE)
     monkeypatch.setenv("CLAUDE_CONFIG_DIR", str(tmp_path / "config"))
@@ -436,7 +436,7 @@ def result_event(**fields) -> dict:
 ], ids=["window-event", "window-text", "api-key-429", "529", "overload-text", "old-window-text", "lost-session",
         "logged-out", "max-turns", "ok", "400"])
 def test_how_a_run_ended_reads_the_fields_first(monkeypatch, event, rejected, kind):
-    from labrun.agents import make_agent
+    from labrun.agents.backends import make_agent
     from labrun.agents.cli_agent import Outcome, Window
 
     monkeypatch.setenv("PATH", ONLY_FAKE)

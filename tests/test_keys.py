@@ -142,7 +142,7 @@ def test_keys_are_passed_only_to_the_commands_and_redacted_whatever_their_name(m
 
 def test_the_coding_clis_own_process_gets_no_experiment_key(monkeypatch, tmp_path):
     from labrun import secrets
-    from labrun.agents import make_agent
+    from labrun.agents.backends import make_agent
     from test_claude_code import ONLY_FAKE, plan_for
 
     monkeypatch.setenv("PATH", ONLY_FAKE)

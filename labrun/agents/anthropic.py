@@ -143,7 +143,7 @@ class AnthropicModel:
             raise TransientModelError("The Anthropic API's reply stream ended before the reply was complete.")
         served_by = message.model or self.name
         # A gateway may serve under a name of its own: priced as the model asked for, whose
-        # price a budgeted session was checked to have (labrun.agents.require_priced).
+        # price a budgeted session was checked to have (labrun.agents.backends.require_priced).
         priced_as = served_by if price_for(served_by) else self.name
         return ModelReply(
             content=[block.to_dict(mode="json", exclude_none=True) for block in message.content],

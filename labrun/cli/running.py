@@ -201,7 +201,7 @@ def _check_agent(run: Run) -> None:
     server starts."""
     from labrun.agents import CLI_AGENTS, AgentUnavailable
 
-    from labrun.agents import require_priced
+    from labrun.agents.backends import require_priced
     from labrun.idea import load_idea
 
     stored = _stored_state(Path(run.workspace))
@@ -218,7 +218,7 @@ def _check_agent(run: Run) -> None:
         except Exception as e:
             raise CliError(str(e)) from None
     if effective in CLI_AGENTS:
-        from labrun.agents import make_agent
+        from labrun.agents.backends import make_agent
 
         try:
             make_agent(effective, run.model, run.workspace)  # finds the CLI and its login, or says how to get them

@@ -237,7 +237,7 @@ def test_model_api_limit(prefect_server, deployed):
     with client() as c:
         c.update_global_concurrency_limit(model_api_limit.MODEL_API_LIMIT, GlobalConcurrencyLimitUpdate(limit=4))
     # The agent factory puts the limit around a deployment run's model, never the turn loop.
-    from labrun.agents import make_agent
+    from labrun.agents.backends import make_agent
 
     assert isinstance(make_agent("scripted").model, model_api_limit.LimitedModel)
     with temporary_settings({PREFECT_API_URL: None}):  # no server: no limit
