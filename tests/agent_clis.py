@@ -1,5 +1,5 @@
 """Running the real Codex and Gemini CLIs in tests, as docs/agent-clis.md says a backend does,
-and finding the three real CLIs.
+finding the three real CLIs, and a labrun session's setup with one of them (`CliSession`).
 
 `.ci/install-agent-clis` puts Claude Code, Codex and Gemini CLI under `.agent-clis/` (or
 `$LABRUN_AGENT_CLIS`); `LABRUN_TEST_CLAUDE` may name another `claude`. Each run
@@ -21,6 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from auto_responder import IDEA
+from support import labrun
+
 from labrun.mcp_tools import ToolServer
 from labrun.tools import ToolResult
 
@@ -28,6 +31,46 @@ REPO = Path(__file__).resolve().parents[1]
 PREFIX = Path(os.environ.get("LABRUN_AGENT_CLIS") or REPO / ".agent-clis")
 INSTALL = "install them with `.ci/install-agent-clis`"
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TZ": "UTC"}
+
+
+class CliSession:
+    """A labrun session with a real coding CLI: the fake API (`.api`), the idea, the workspace,
+    and the environment of `labrun`, without the user's variables of that CLI (`drop`), with
+    HOME in the test's folder and labrun's back-off starting at 0.2 s, so storms stay short."""
+
+    agent = model = ""
+    drop: tuple[str, ...] = ()
+
+    def __init__(self, tmp_path: Path, forker, api, env: dict[str, str]):
+        self.forker = forker
+        self.api = api.start()
+        (tmp_path / "home").mkdir()
+        self.idea = tmp_path / "idea.yaml"
+        self.idea.write_text(IDEA)
+        self.ws = tmp_path / "ws"
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(self.drop)}
+        self.env.update({"HOME": str(tmp_path / "home"), "LABRUN_RETRY_BASE_S": "0.2",
+                         "LABRUN_MIN_WINDOW_WAIT_S": "0", "LABRUN_PHASE_TIMEOUT_S": "",
+                         "PREFECT_SERVER_ANALYTICS_ENABLED": "false", **env})
+
+    def run_args(self, *args: str) -> list[str]:
+        return ["run", str(self.idea), "--workspace", str(self.ws), "--agent", self.agent, "--model", self.model,
+                *args]
+
+    def run(self, *args: str):
+        return self.forker.run(self.run_args(*args), env=self.env, whole_env=True)
+
+    def start(self):
+        """The engine in a process group of its own, to kill."""
+        return self.forker.start(self.run_args(), env=self.env, new_session=True, whole_env=True)
+
+    def status(self) -> dict:
+        done = labrun("status", str(self.ws), "--json", env=self.env)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    def posts(self, since: float = 0.0) -> list[dict]:
+        return [r for r in self.api.requests if r["method"] == "POST" and r["time"] >= since]
 
 
 def claude_executable() -> str | None:

@@ -22,12 +22,11 @@ from urllib.parse import urlsplit
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from agent_clis import INSTALL, claude_executable  # noqa: E402
+from agent_clis import INSTALL, CliSession, claude_executable  # noqa: E402
 from claude_responder import ClaudeResearcher, phase_of, system_text  # noqa: E402
 from fake_messages_api import FakeMessagesAPI  # noqa: E402
-from support import assert_complete, assert_shell_contained, labrun, listening_ports, machine_listening_ports, processes_with_env, wait_for  # noqa: E402
+from support import assert_complete, assert_shell_contained, listening_ports, machine_listening_ports, processes_with_env, wait_for  # noqa: E402
 
-from auto_responder import IDEA  # noqa: E402
 from labrun.egress import BRIDGE_PORT  # noqa: E402
 from labrun.prices import cost_usd  # noqa: E402
 from labrun.usage import Usage  # noqa: E402
@@ -68,40 +67,22 @@ def error(status: int, kind: str, message: str, headers: dict | None = None) -> 
     return {"status": status, "error": {"type": kind, "message": message}, "headers": headers or {}}
 
 
-class Setup:
-    """The fake API, the environment of `labrun`, and the test's Claude Code config dir."""
+class Setup(CliSession):
+    """The session's setup, with the test's Claude Code config dir."""
+
+    agent, model, drop = "claude-code", MODEL, ("ANTHROPIC_", "CLAUDE_")
 
     def __init__(self, tmp_path: Path, responder: ClaudeResearcher, forker, login: str = "api-key"):
-        self.tmp = tmp_path
-        self.forker = forker
-        self.api = FakeMessagesAPI(default=responder, cache_accounting=True).start()
         self.config = tmp_path / "claude-config"
         self.config.mkdir()
-        self.idea = tmp_path / "idea.yaml"
-        self.idea.write_text(IDEA)
-        self.ws = tmp_path / "ws"
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CLAUDE_"))}
-        self.env.update({
+        api = FakeMessagesAPI(default=responder, cache_accounting=True)
+        super().__init__(tmp_path, forker, api, {
             "LABRUN_CLAUDE": claude_executable(), "LABRUN_CLAUDE_PERMISSIONS": "default",
-            "ANTHROPIC_BASE_URL": self.api.url, "CLAUDE_CONFIG_DIR": str(self.config),
-            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "IS_SANDBOX": "1",
-            "CLAUDE_CODE_MAX_RETRIES": "1", "LABRUN_RETRY_BASE_S": "0.2", "LABRUN_MIN_WINDOW_WAIT_S": "0",
-            "LABRUN_PHASE_TIMEOUT_S": "", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "HOME": str(tmp_path / "home"),
+            "ANTHROPIC_BASE_URL": api.url, "CLAUDE_CONFIG_DIR": str(self.config),
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "IS_SANDBOX": "1", "CLAUDE_CODE_MAX_RETRIES": "1",
+            "ANTHROPIC_API_KEY" if login == "api-key" else "CLAUDE_CODE_OAUTH_TOKEN":
+                API_KEY if login == "api-key" else OAUTH_TOKEN,
         })
-        self.env["ANTHROPIC_API_KEY" if login == "api-key" else "CLAUDE_CODE_OAUTH_TOKEN"] = \
-            API_KEY if login == "api-key" else OAUTH_TOKEN
-        (tmp_path / "home").mkdir()
-
-    def run_args(self, *args: str) -> list[str]:
-        return ["run", str(self.idea), "--workspace", str(self.ws), "--agent", "claude-code", "--model", MODEL, *args]
-
-    def run(self, *args: str):
-        return self.forker.run(self.run_args(*args), env=self.env, whole_env=True)
-
-    def start(self):
-        """The engine in a process group of its own, to kill."""
-        return self.forker.start(self.run_args(), env=self.env, new_session=True, whole_env=True)
 
     def kill_during(self, engine, kill, ready, what: str) -> str:
         """Once `ready()`, SIGKILL the engine with `kill` (os.killpg: its process group;
@@ -120,11 +101,6 @@ class Setup:
         time.sleep(1)
         assert not [r for r in self.api.requests if r["time"] >= killed_at], "a request reached the API after the kill"
         return stderr
-
-    def status(self) -> dict:
-        done = labrun("status", str(self.ws), "--json", env=self.env)
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)
 
     def claudes(self) -> list[int]:
         """claude and what it started (not the engine's own attempts: only labrun's environment

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from agent_clis import INSTALL, PREFIX  # noqa: E402
+from agent_clis import INSTALL, PREFIX, CliSession  # noqa: E402
 from auto_responder import IDEA  # noqa: E402
 from codex_responder import MODEL, CodexResearcher, phase_of, texts  # noqa: E402
 from fake_responses_api import FakeResponsesAPI  # noqa: E402
@@ -37,49 +37,22 @@ pytestmark = pytest.mark.skipif(not LAUNCHER.exists(), reason=f"the real Codex C
                                 "(npm), or point LABRUN_AGENT_CLIS at their prefix")
 
 
-class Setup:
-    """The fake API, the environment of `labrun`, and the test's CODEX_HOME."""
+class Setup(CliSession):
+    """The session's setup, with the test's CODEX_HOME."""
+
+    agent, model, drop = "codex", MODEL, ("OPENAI_", "CODEX_")
 
     def __init__(self, tmp_path: Path, responder: CodexResearcher, forker):
-        self.tmp = tmp_path
-        self.forker = forker
-        self.api = FakeResponsesAPI(default=responder).start()
         self.home = tmp_path / "codex-home"
         self.home.mkdir()
-        (tmp_path / "home").mkdir()
-        self.idea = tmp_path / "idea.yaml"
-        self.idea.write_text(IDEA)
-        self.ws = tmp_path / "ws"
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "CODEX_"))}
-        self.env.update({
-            "LABRUN_CODEX": str(LAUNCHER), "CODEX_HOME": str(self.home), "CODEX_API_KEY": API_KEY,
-            "OPENAI_BASE_URL": f"{self.api.url}/v1", "HOME": str(tmp_path / "home"),
-            "LABRUN_RETRY_BASE_S": "0.2", "LABRUN_MIN_WINDOW_WAIT_S": "0", "LABRUN_PHASE_TIMEOUT_S": "",
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        })
-
-    def run_args(self) -> list[str]:
-        return ["run", str(self.idea), "--workspace", str(self.ws), "--agent", "codex", "--model", MODEL]
-
-    def run(self):
-        return self.forker.run(self.run_args(), env=self.env, whole_env=True)
-
-    def start(self):
-        """The engine in a process group of its own, to kill."""
-        return self.forker.start(self.run_args(), env=self.env, new_session=True, whole_env=True)
+        api = FakeResponsesAPI(default=responder)
+        super().__init__(tmp_path, forker, api, {"LABRUN_CODEX": str(LAUNCHER), "CODEX_HOME": str(self.home),
+                                                 "CODEX_API_KEY": API_KEY, "OPENAI_BASE_URL": f"{api.url}/v1"})
 
     def codexes(self) -> list[int]:
         """codex and what it started (its commands keep TMPDIR, which only labrun's
         environment for codex sets to the workspace's)."""
         return processes_with_env(f"TMPDIR={self.ws / '.labrun' / 'tmp'}")
-
-    def status(self) -> dict:
-        done = labrun("status", str(self.ws), "--json", env=self.env)
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)
-
-    def posts(self, since: float = 0.0) -> list[dict]:
-        return [r for r in self.api.requests if r["method"] == "POST" and r["time"] >= since]
 
     def phases_asked(self, since: float = 0.0) -> list[str]:
         return [phase_of(r["body"]) for r in self.posts(since)]

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from agent_clis import INSTALL, PREFIX  # noqa: E402
+from agent_clis import INSTALL, PREFIX, CliSession  # noqa: E402
 from auto_responder import IDEA  # noqa: E402
 from fake_gemini_api import FakeGeminiAPI, resource_exhausted  # noqa: E402
 from gemini_responder import MODEL, GeminiResearcher, phase_of  # noqa: E402
@@ -37,43 +37,18 @@ pytestmark = pytest.mark.skipif(not GEMINI.exists(), reason=f"the real Gemini CL
                                 "(npm), or point LABRUN_AGENT_CLIS at their prefix")
 
 
-class Setup:
-    """The fake API and the environment of `labrun`."""
+class Setup(CliSession):
+    agent, model, drop = "gemini", MODEL, ("GEMINI_", "GOOGLE_")
 
     def __init__(self, tmp_path: Path, responder: GeminiResearcher, forker):
-        self.forker = forker
-        self.api = FakeGeminiAPI(default=responder).start()
-        (tmp_path / "home").mkdir()
-        self.idea = tmp_path / "idea.yaml"
-        self.idea.write_text(IDEA)
-        self.ws = tmp_path / "ws"
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("GEMINI_", "GOOGLE_"))}
-        self.env.update({
-            "LABRUN_GEMINI": str(GEMINI), "GEMINI_API_KEY": API_KEY, "GOOGLE_GEMINI_BASE_URL": self.api.url,
-            "HOME": str(tmp_path / "home"), "LABRUN_GEMINI_MAX_ATTEMPTS": "2",
-            "LABRUN_RETRY_BASE_S": "0.2", "LABRUN_MIN_WINDOW_WAIT_S": "0", "LABRUN_PHASE_TIMEOUT_S": "",
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        })
-
-    def run_args(self) -> list[str]:
-        return ["run", str(self.idea), "--workspace", str(self.ws), "--agent", "gemini", "--model", MODEL]
-
-    def start(self):
-        """The engine in a process group of its own, to kill."""
-        return self.forker.start(self.run_args(), env=self.env, new_session=True, whole_env=True)
+        api = FakeGeminiAPI(default=responder)
+        super().__init__(tmp_path, forker, api, {"LABRUN_GEMINI": str(GEMINI), "GEMINI_API_KEY": API_KEY,
+                                                 "GOOGLE_GEMINI_BASE_URL": api.url, "LABRUN_GEMINI_MAX_ATTEMPTS": "2"})
 
     def geminis(self) -> list[int]:
         """gemini and what it started (they keep GEMINI_CLI_HOME, which only labrun's
         environment for gemini sets to the workspace's)."""
         return processes_with_env(f"GEMINI_CLI_HOME={self.ws / '.labrun' / 'gemini'}")
-
-    def status(self) -> dict:
-        done = labrun("status", str(self.ws), "--json", env=self.env)
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)
-
-    def posts(self, since: float = 0.0) -> list[dict]:
-        return [r for r in self.api.requests if r["method"] == "POST" and r["time"] >= since]
 
     def billed(self) -> list[tuple[str, Usage]]:
         """What the fake API billed, reply by reply, in labrun's token fields (thinking is
