@@ -2,7 +2,8 @@
 Claude Code's own sandboxing), when it is installed and works here. The one module that
 builds bubblewrap's command lines: the sandbox, and for a coding CLI with a sandbox of its
 own, the bare PID namespace (`in_pid_namespace`) or network namespace (`in_network_namespace`)
-it runs in.
+it runs in. It also starts a coding CLI tied to the engine (`spawn`: in those namespaces, with
+a parent-death signal) and ends all it started (`kill_tree`), for every CLI backend.
 
 A command inside the sandbox sees:
 - a PID namespace of its own, so the engine's /proc (and its environment, API keys
@@ -34,18 +35,22 @@ the engine dies, and the watcher then kills everything in the sandbox.
 
 from __future__ import annotations
 
+import ctypes
 import glob
 import json
 import logging
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterable
+
+import psutil
 
 from labrun.egress import BRIDGE_PORT, PROXY_URL, PROXY_VARIABLES
 
@@ -301,3 +306,61 @@ def bubblewrap() -> str | None:
                     "it needs root or unprivileged user namespaces", why)
         return None
     return path
+
+
+# -- a coding CLI's process, tied to the engine ------------------------------------------------
+
+PR_SET_PDEATHSIG = 1
+
+
+def pid_namespaces() -> bool:
+    """Whether a CLI run gets a PID namespace of its own (bubblewrap; LABRUN_CLI_PIDNS=off: never)."""
+    return (os.environ.get("LABRUN_CLI_PIDNS", "").lower() not in ("0", "off", "no", "false")
+            and bubblewrap() is not None)
+
+
+@lru_cache(maxsize=1)
+def _prctl():
+    return ctypes.CDLL(None, use_errno=True).prctl
+
+
+def _die_with_engine() -> None:
+    """In the child before exec: SIGKILL when the engine (the thread that started it) dies."""
+    _prctl()(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def spawn(argv: list[str], cwd: Path, env: dict[str, str], stderr, namespace: bool = False,
+          lifeline: Lifeline | None = None, keep: tuple[int, ...] = (), egress: Path | None = None,
+          guard: Sandbox | None = None) -> subprocess.Popen:
+    """Start a CLI run tied to the engine: with a parent-death signal, and when asked for
+    (`pid_namespaces()`) in a PID namespace that ends with the lifeline (`watched`).
+    It stays in the engine's process group, so a kill of that group reaches it too.
+    `argv` may be a sandbox on the same lifeline; `keep`, descriptors it gets besides; with
+    `egress`, in a network namespace whose one way out is that proxy (`in_network_namespace`);
+    either keeps what `guard`, the session's sandbox, keeps (`guarded`)."""
+    if namespace:
+        assert lifeline is not None, "a PID namespace needs its lifeline"
+        argv = in_pid_namespace(argv, lifeline.fd, guard)
+    elif egress is not None:
+        assert lifeline is not None, "the network namespace's bridge needs its lifeline"
+        argv = in_network_namespace(argv, lifeline.fd, egress, guard)
+    _prctl()  # resolved here, not in the forked child
+    if lifeline:
+        return lifeline.popen(argv, keep, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=stderr, preexec_fn=_die_with_engine)
+    return subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                            pass_fds=keep, preexec_fn=_die_with_engine)
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL the process and everything under it (in a PID namespace, its end ends all)."""
+    try:
+        parent = psutil.Process(proc.pid)
+        family = parent.children(recursive=True) + [parent]
+    except psutil.NoSuchProcess:
+        return
+    for p in family:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass

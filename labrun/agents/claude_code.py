@@ -76,7 +76,8 @@ from zoneinfo import ZoneInfo
 
 from labrun.agents.names import AgentUnavailable, web_tools
 from labrun.agents.cli_agent import (CliAgent, Finished, Outcome, Retrying, RunPlan, Started, Streamed,
-                                     ToolUsed, Verdict, Window, passed_env, version)
+                                     ToolUsed, Verdict, Window)
+from labrun.agents.cli_process import passed_env, version
 from labrun.usage import Usage
 from labrun.windows import clock
 

@@ -16,14 +16,14 @@ The base does, for every CLI:
   error (persistent 429, 529, overload) is run again after back-off, never counted as a
   failure. A spent usage window raises `UsageWindowSpent`, which the flow waits out
   (`labrun.windows`).
-- **Process lifetime** (`spawn`): nothing the CLI starts outlives the engine. The CLI gets
-  a parent-death signal and stays in the engine's process group; with bubblewrap it also
-  runs in its own PID namespace tied to the engine (`--unshare-pid --die-with-parent`), so
-  a `kill -9` of the engine, or of its process group, ends every process inside, even those
-  that left the CLI's session, unless the backend says its CLI's own sandbox does that
-  (`needs_namespace`). A CLI with no sandbox of its own runs inside the session's
-  (`in_sandbox`: `labrun.sandbox`, with its lifeline held by the engine). Timeouts kill its
-  tree.
+- **Process lifetime** (`labrun.sandbox.spawn`): nothing the CLI starts outlives the
+  engine. The CLI gets a parent-death signal and stays in the engine's process group; with
+  bubblewrap it also runs in its own PID namespace tied to the engine (`--unshare-pid
+  --die-with-parent`), so a `kill -9` of the engine, or of its process group, ends every
+  process inside, even those that left the CLI's session, unless the backend says its CLI's
+  own sandbox does that (`needs_namespace`). A CLI with no sandbox of its own runs inside
+  the session's (`in_sandbox`: `labrun.sandbox`, with its lifeline held by the engine).
+  Timeouts kill its tree.
 - **The event journal**: every event of run N goes, redacted, into `<name>-run-NNN.jsonl`
   beside the phase's journal. The journal (`Conversation`) gets, as records the rest of
   the engine reads: a "reply" when a run starts (a crash is then resumed, not restarted);
@@ -32,7 +32,7 @@ The base does, for every CLI:
   estimates to what the run was billed, so a run killed before its result still counts
   what it streamed and a finished run counts exactly its bill; a "reply" and a
   "tool_result" for each MCP tool call; a "cli_session" record with the CLI's session id
-  and the tools it offers.
+  and the tools it offers. What those records say a run used: `labrun.agents.cli_usage`.
 - **Progress**: the CLI's own tools, its API retries (attempt, status, delay) and usage
   window warnings as log lines.
 
@@ -46,7 +46,8 @@ The seam. A backend subclasses `CliAgent` and gives what differs between CLIs:
 - `write_mcp_config(server, phase_dir)`: the MCP server in the CLI's config format (the
   default writes the `mcpServers` JSON that `server.mcp_config()` gives; None: the CLI
   takes it on its command line);
-- `environment(plan)`: the scrubbed environment of a run (`passed_env` helps);
+- `environment(plan)`: the scrubbed environment of a run (`labrun.agents.cli_process.passed_env`
+  helps);
 - `read(event)`: one parsed JSON line of its output as `Started`, `Streamed`, `ToolUsed`,
   `Retrying`, `Window` or `Finished` (any number, none for events that do not matter);
   a `Finished` whose CLI reports the session's running token total, not the run's, says
@@ -64,45 +65,42 @@ The seam. A backend subclasses `CliAgent` and gives what differs between CLIs:
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
 import queue
 import re
-import signal
 import subprocess
 import threading
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
 
-import psutil
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from labrun import prompts
+from labrun.agents.cli_process import feed_stdin, read_stdout
+from labrun.agents.cli_usage import cli_turns, current_session, cut_run, known_tools, record_result
 from labrun.agents.names import AgentUnavailable
 from labrun.journal import Conversation
 from labrun.mcp_tools import ToolCall, ToolServer, run_call
 from labrun.model import FatalModelError, TransientModelError, UsageWindowSpent
 from labrun.prices import cost_usd
 from labrun.egress import allow_endpoints
-from labrun.sandbox import Lifeline, Sandbox, Secrets, bubblewrap, in_network_namespace, in_pid_namespace
+from labrun.sandbox import Lifeline, Sandbox, Secrets, bubblewrap, kill_tree, pid_namespaces, spawn
 from labrun.secrets import declared, is_secret_name, redact
 from labrun.tools import ToolBox, ToolResult
 from labrun.turns import RETRY_POLICY, PhaseStopped, back_off
-from labrun.usage import Budget, BudgetSpent, Usage, add_usd
+from labrun.usage import Budget, BudgetSpent, Usage
 from labrun.windows import clock
 from labrun.workspace import write_atomic
 
 log = logging.getLogger("labrun")
 
 MAX_FAILED_RUNS = 3
-TOKEN_FIELDS = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
 
 
 class CliFailed(FatalModelError):
@@ -441,8 +439,8 @@ class CliAgent:
         write_line(transcript, {"type": "labrun", "event": "start", "run": n, "at": _now(),
                                 "argv": [redact(a) for a in argv],
                                 "prompt": redact(prompt), "pid": proc.pid, "engine_pid": os.getpid()})
-        threading.Thread(target=_feed, args=(proc, prompt), daemon=True).start()
-        threading.Thread(target=_read, args=(proc, transcript, inbox), daemon=True).start()
+        threading.Thread(target=feed_stdin, args=(proc, prompt), daemon=True).start()
+        threading.Thread(target=read_stdout, args=(proc, transcript, inbox), daemon=True).start()
 
         def stop(why: str) -> None:
             if out.stopped is None and proc.poll() is None:
@@ -612,108 +610,6 @@ def next_prompt(convo: Conversation, phase: str, session_id: str | None, order: 
     return "\n\n".join(texts)
 
 
-def current_session(convo: Conversation) -> str | None:
-    found = None
-    for r in convo.records:
-        if r["kind"] == "cli_session":
-            found = r.get("session_id")
-    return found
-
-
-def known_tools(convo: Conversation) -> list[str] | None:
-    found = None
-    for r in convo.records:
-        if r["kind"] == "cli_session" and r.get("tools") is not None:
-            found = r["tools"]
-    return found
-
-
-def cli_turns(convo: Conversation) -> int:
-    """Turns used: each finished run's own count, and the messages of runs cut off before
-    their result."""
-    finished = {r["cli"]["run"]: r["cli"].get("num_turns") or 0 for r in convo.records
-                if r["kind"] == "reply" and (r.get("cli") or {}).get("event") == "result"}
-    cut = sum(1 for r in convo.records if r["kind"] == "reply" and (r.get("cli") or {}).get("event") == "message"
-              and r["cli"]["run"] not in finished)
-    return sum(finished.values()) + cut
-
-
-def cut_run(convo: Conversation) -> tuple[int, str | None, float] | None:
-    """The last run, when it has no result (the engine died in it): its number, its
-    session and when it started."""
-    last = None
-    for r in convo.records:
-        cli = r.get("cli") or {}
-        if r["kind"] == "reply" and cli.get("event") == "start":
-            last = cli
-        elif r["kind"] == "reply" and cli.get("event") == "result" and last and cli.get("run") == last["run"]:
-            last = None
-    if last is None:
-        return None
-    session = next((r.get("session_id") for r in reversed(convo.records)
-                    if r["kind"] == "cli_session" and r.get("run") == last["run"]), last.get("resume"))
-    return last["run"], session, float(last.get("at") or 0)
-
-
-def session_cost(convo: Conversation, session_id: str | None) -> float:
-    """The session's running cost at its last result: what its next result counts from (a
-    CLI restores its running total on resume, without runs that were killed)."""
-    found = 0.0
-    for r in convo.records:
-        cli = r.get("cli") or {}
-        if r["kind"] == "reply" and cli.get("event") == "result" and cli.get("session_id") == session_id \
-                and cli.get("total_cost_usd") is not None:
-            found = float(cli["total_cost_usd"])
-    return found
-
-
-def session_tokens(convo: Conversation, session_id: str | None) -> Usage:
-    """The session's running token total at its last result that gave one (a CLI that
-    reports totals, not each run's)."""
-    found = Usage()
-    for r in convo.records:
-        cli = r.get("cli") or {}
-        if r["kind"] == "reply" and cli.get("event") == "result" and cli.get("session_id") == session_id \
-                and cli.get("total_usage") is not None:
-            found = Usage(**cli["total_usage"])
-    return found
-
-
-def streamed_usage(convo: Conversation, n: int) -> Usage:
-    """What run `n`'s streamed messages were counted as (estimates)."""
-    return sum((Usage(**r["usage"]) for r in convo.records if r["kind"] == "reply"
-                and (r.get("cli") or {}).get("event") == "message" and r["cli"].get("run") == n), Usage())
-
-
-def record_result(convo: Conversation, finished: Finished, n: int) -> Usage:
-    """Journal what run `n` was billed, as the correction of its streamed estimates: the
-    run then sums to its bill exactly. Returns the correction (what is left to spend). A
-    CLI that reports tokens only is priced from labrun's table, and all of it is marked
-    estimated."""
-    billed = finished.usage.model_copy()
-    if finished.usage_total:
-        before = session_tokens(convo, finished.session_id)
-        billed = Usage(**{k: getattr(billed, k) - getattr(before, k) for k in TOKEN_FIELDS})
-    if finished.total_cost_usd is not None:
-        billed.cost_usd = add_usd(finished.total_cost_usd, -session_cost(convo, finished.session_id))
-    estimated = streamed_usage(convo, n)
-    if finished.total_cost_usd is None:  # a CLI that reports no money: labrun's prices
-        billed.cost_usd = cost_usd(finished.model, billed) if finished.model else estimated.cost_usd
-        billed.estimated_usd = billed.cost_usd
-    correction = Usage(**{k: getattr(billed, k) - getattr(estimated, k) for k in TOKEN_FIELDS},
-                       cost_usd=add_usd(billed.cost_usd, -estimated.cost_usd),
-                       estimated_usd=add_usd(billed.estimated_usd, -estimated.estimated_usd))
-    convo.append({"kind": "reply", "stop_reason": finished.subtype, "usage": correction.model_dump(),
-                  "content": [{"type": "text", "text": f"[result: {finished.subtype}, {finished.turns} turns, "
-                               f"${billed.cost_usd:.4f}]"}],
-                  "cli": {"run": n, "event": "result", "subtype": finished.subtype, "is_error": finished.is_error,
-                          "num_turns": finished.turns, "session_id": finished.session_id,
-                          "total_cost_usd": finished.total_cost_usd, "billed": billed.model_dump(),
-                          "total_usage": (finished.counted_from or finished.usage).model_dump()
-                          if finished.usage_total else None}})
-    return correction
-
-
 # -- transcripts -------------------------------------------------------------------------------
 
 
@@ -753,118 +649,3 @@ def write_line(path: Path, record: dict[str, Any]) -> None:
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def _feed(proc: subprocess.Popen, prompt: str) -> None:
-    try:
-        proc.stdin.write(prompt.encode())
-        proc.stdin.close()
-    except (BrokenPipeError, OSError):
-        pass
-
-
-def _read(proc: subprocess.Popen, transcript: Path, inbox: queue.Queue) -> None:
-    """Every line of the stream into the transcript (redacted) and, parsed, to the engine."""
-    with open(transcript, "a", encoding="utf-8") as f:
-        for raw in proc.stdout:
-            line = redact(raw.decode(errors="replace").rstrip("\r\n"))
-            if not line.strip():
-                continue
-            try:
-                event = json.loads(line)
-                if not isinstance(event, dict):
-                    raise ValueError
-            except ValueError:
-                event = {"type": "labrun", "event": "not-json", "text": line[:2000]}
-                line = json.dumps(event, ensure_ascii=False)
-            f.write(line + "\n")
-            f.flush()
-            inbox.put(("event", event))
-        os.fsync(f.fileno())
-    inbox.put(("eof", None))
-
-
-# -- the environment ---------------------------------------------------------------------------
-
-ALWAYS_PASSED = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ", "TMPDIR",
-                 "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR",
-                 "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
-                 "NODE_EXTRA_CA_CERTS", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE")
-
-
-def passed_env(names: Iterable[str] = (), prefixes: Iterable[str] = (), drop: Iterable[str] = ()) -> dict[str, str]:
-    """The environment a CLI run gets: what any program needs to run here (paths, locale,
-    proxies, certificates), the `names` and `prefixes` the CLI itself needs, and whatever
-    LABRUN_PASS_ENV names; nothing else, and nothing in `drop`."""
-    extra = {n.strip() for n in os.environ.get("LABRUN_PASS_ENV", "").split(",") if n.strip()}
-    wanted, prefixes, drop = set(ALWAYS_PASSED) | set(names) | extra, tuple(prefixes), set(drop)
-    return {k: v for k, v in os.environ.items()
-            if k not in drop and (k in wanted or k.startswith("LC_") or k.startswith(prefixes))}
-
-
-@lru_cache(maxsize=8)
-def version(executable: str) -> str:
-    """What the CLI's `--version` says ("" when it says nothing)."""
-    try:
-        said = subprocess.run([executable, "--version"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        said = ""
-    return said.strip()
-
-
-# -- process lifetime --------------------------------------------------------------------------
-
-PR_SET_PDEATHSIG = 1
-
-
-def pid_namespaces() -> bool:
-    """Whether a CLI run gets a PID namespace of its own (bubblewrap; LABRUN_CLI_PIDNS=off: never)."""
-    return (os.environ.get("LABRUN_CLI_PIDNS", "").lower() not in ("0", "off", "no", "false")
-            and bubblewrap() is not None)
-
-
-@lru_cache(maxsize=1)
-def _prctl():
-    return ctypes.CDLL(None, use_errno=True).prctl
-
-
-def _die_with_engine() -> None:
-    """In the child before exec: SIGKILL when the engine (the thread that started it) dies."""
-    _prctl()(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-def spawn(argv: list[str], cwd: Path, env: dict[str, str], stderr, namespace: bool = False,
-          lifeline: Lifeline | None = None, keep: tuple[int, ...] = (), egress: Path | None = None,
-          guard: Sandbox | None = None) -> subprocess.Popen:
-    """Start a CLI run tied to the engine: with a parent-death signal, and when asked for
-    (`pid_namespaces()`) in a PID namespace that ends with the lifeline (`labrun.sandbox.watched`).
-    It stays in the engine's process group, so a kill of that group reaches it too.
-    `argv` may be a sandbox on the same lifeline; `keep`, descriptors it gets besides; with
-    `egress`, in a network namespace whose one way out is that proxy (`in_network_namespace`);
-    either keeps what `guard`, the session's sandbox, keeps (`labrun.sandbox.guarded`)."""
-    if namespace:
-        assert lifeline is not None, "a PID namespace needs its lifeline"
-        argv = in_pid_namespace(argv, lifeline.fd, guard)
-    elif egress is not None:
-        assert lifeline is not None, "the network namespace's bridge needs its lifeline"
-        argv = in_network_namespace(argv, lifeline.fd, egress, guard)
-    _prctl()  # resolved here, not in the forked child
-    if lifeline:
-        return lifeline.popen(argv, keep, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=stderr, preexec_fn=_die_with_engine)
-    return subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
-                            pass_fds=keep, preexec_fn=_die_with_engine)
-
-
-def kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL the process and everything under it (in a PID namespace, its end ends all)."""
-    try:
-        parent = psutil.Process(proc.pid)
-        family = parent.children(recursive=True) + [parent]
-    except psutil.NoSuchProcess:
-        return
-    for p in family:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass

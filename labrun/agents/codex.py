@@ -67,7 +67,8 @@ from typing import Any, Iterator
 from labrun import prompts
 from labrun.agents.names import AgentUnavailable
 from labrun.agents.cli_agent import (CliAgent, Finished, Outcome, Retrying, RunPlan, Started, ToolUsed, Verdict,
-                                     passed_env, shorten, version)
+                                     shorten)
+from labrun.agents.cli_process import passed_env, version
 from labrun.egress import PROXY_URL, PROXY_VARIABLES
 from labrun.sandbox import Sandbox
 from labrun.usage import Usage

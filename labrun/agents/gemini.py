@@ -57,8 +57,8 @@ from typing import Any, Iterator
 from zoneinfo import ZoneInfo
 
 from labrun.agents.names import AgentUnavailable
-from labrun.agents.cli_agent import (CliAgent, Finished, Outcome, RunPlan, Started, ToolUsed, Verdict, passed_env,
-                                     shorten, version)
+from labrun.agents.cli_agent import CliAgent, Finished, Outcome, RunPlan, Started, ToolUsed, Verdict, shorten
+from labrun.agents.cli_process import passed_env, version
 from labrun.sandbox import bubblewrap
 from labrun.usage import Usage
 from labrun.windows import clock
