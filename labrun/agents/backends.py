@@ -9,7 +9,6 @@ from labrun import suggest
 from labrun.agents import Agent
 from labrun.agents.names import AGENTS, AgentUnavailable
 from labrun.model import Model
-from labrun.turns import run_turns
 
 
 class ModelAgent:
@@ -19,6 +18,11 @@ class ModelAgent:
         self.model = model
 
     def run_phase(self, toolbox, convo, system, max_turns, budget) -> None:
+        # Here, not at the top: the turn loop imports Prefect, and `labrun run` checks the agent
+        # (importing this module) before it has chosen its Prefect API; a Prefect imported that
+        # early leaves a Ctrl-C in a terminal hanging (tests/test_interrupts.py).
+        from labrun.turns import run_turns
+
         run_turns(self.model, toolbox, convo, system, max_turns, budget)
 
 

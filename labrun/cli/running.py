@@ -200,7 +200,6 @@ def _check_agent(run: Run) -> None:
     """The agent's credentials and executable, and a price for a budgeted model, before any
     server starts."""
     from labrun.agents import CLI_AGENTS, AgentUnavailable
-
     from labrun.agents.backends import require_priced
     from labrun.idea import load_idea
 
