@@ -9,7 +9,6 @@ completed model call is never paid for twice.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import NoReturn
 
@@ -21,13 +20,33 @@ from labrun import prompts
 from labrun.crashpoints import crashpoint
 from labrun.journal import Conversation
 from labrun.model import Model, ModelReply, ModelRequest, TransientModelError, UsageWindowSpent
+from labrun.settings import Settings, settings
 from labrun.tools import ToolBox, tool_specs
 from labrun.usage import Budget, Usage
 
 log = logging.getLogger("labrun")
 
-RETRY_BASE_S = float(os.environ.get("LABRUN_RETRY_BASE_S", "2"))
-RETRY_DELAYS = [RETRY_BASE_S * 2**i for i in range(8)]
+RETRIES = 8
+
+
+class RetryDelays(list):
+    """Prefect's delay before each retry: `LABRUN_RETRY_BASE_S` doubled each time, read when a
+    retry is due (Prefect indexes it then), not when the tasks are defined. A list, as Prefect's
+    task options want; what it holds is only the default's delays, shown in a task run's policy."""
+
+    def __init__(self):
+        base = Settings.model_fields["retry_base_s"].default
+        super().__init__(base * 2**i for i in range(RETRIES))
+
+    def __getitem__(self, i):
+        base = settings().retry_base_s
+        return [base * 2**n for n in range(RETRIES)][i]
+
+    def __iter__(self):
+        return iter(self[:])
+
+
+RETRY_DELAYS = RetryDelays()
 JITTER = 0.5
 LONG_WAIT_S = 600
 CUT_OFF = {"max_tokens", "model_context_window_exceeded"}

@@ -93,6 +93,7 @@ from labrun.prices import cost_usd
 from labrun.egress import allow_endpoints
 from labrun.sandbox import Lifeline, Sandbox, Secrets, bubblewrap, in_network_namespace, in_pid_namespace
 from labrun.secrets import declared, is_secret_name, redact
+from labrun.settings import settings
 from labrun.tools import ToolBox, ToolResult
 from labrun.turns import RETRY_POLICY, PhaseStopped, back_off
 from labrun.usage import Budget, BudgetSpent, Usage, add_usd
@@ -273,7 +274,7 @@ class CliAgent:
         inside it, with the network, which the CLI needs (its API, labrun's tools) whatever
         the session says."""
         sandbox = session.sandbox()
-        extra = [Path(p) for p in os.environ.get("LABRUN_CLI_WRITABLE", "").split(os.pathsep) if p.strip()]
+        extra = [Path(p) for p in settings().cli_writable.split(os.pathsep) if p.strip()]
         homes = [h for h in (*self.homes(), *extra) if h.exists()]
         sandbox = replace(sandbox, writable=(*sandbox.writable, *homes))
         if (self.in_sandbox or self.own_network) and not sandbox.network:
@@ -349,7 +350,7 @@ class CliAgent:
             CliAgent.announced = True
         system_file = phase_dir / f"{self.name}-system-prompt.md"
         write_atomic(system_file, self.system_text(toolbox, convo, system))
-        timeout = float(os.environ.get("LABRUN_PHASE_TIMEOUT_S") or toolbox.session.time_limit_s)
+        timeout = float(toolbox.session.time_limit_s if (t := settings().phase_timeout_s) is None else t)
         deadline = time.monotonic() + timeout
         close_orphaned_transcript(phase_dir, self.name)
         if (cut := cut_run(convo)) is not None:  # the engine died in it: what the CLI recorded
@@ -467,7 +468,7 @@ class CliAgent:
                     calls += 1
                     self.serve(toolbox, convo, item, f"{self.name}-{n}-{calls}")
                     if toolbox.completed is not None and len(timers) == 1:
-                        grace = float(os.environ.get("LABRUN_CLI_GRACE_S", "120"))
+                        grace = settings().cli_grace_s
                         timers.append(threading.Timer(grace, stop, ["completed"]))
                         timers[-1].start()
                     continue
@@ -796,7 +797,7 @@ def passed_env(names: Iterable[str] = (), prefixes: Iterable[str] = (), drop: It
     """The environment a CLI run gets: what any program needs to run here (paths, locale,
     proxies, certificates), the `names` and `prefixes` the CLI itself needs, and whatever
     LABRUN_PASS_ENV names; nothing else, and nothing in `drop`."""
-    extra = {n.strip() for n in os.environ.get("LABRUN_PASS_ENV", "").split(",") if n.strip()}
+    extra = {n.strip() for n in settings().pass_env.split(",") if n.strip()}
     wanted, prefixes, drop = set(ALWAYS_PASSED) | set(names) | extra, tuple(prefixes), set(drop)
     return {k: v for k, v in os.environ.items()
             if k not in drop and (k in wanted or k.startswith("LC_") or k.startswith(prefixes))}
@@ -819,7 +820,7 @@ PR_SET_PDEATHSIG = 1
 
 def pid_namespaces() -> bool:
     """Whether a CLI run gets a PID namespace of its own (bubblewrap; LABRUN_CLI_PIDNS=off: never)."""
-    return (os.environ.get("LABRUN_CLI_PIDNS", "").lower() not in ("0", "off", "no", "false")
+    return (settings().cli_pidns
             and bubblewrap() is not None)
 
 
