@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import os
 import threading
 from typing import Any
 from uuid import UUID
@@ -24,12 +23,12 @@ from uuid import UUID
 from labrun.idea import slugify
 from labrun.secrets import redact
 from labrun.session import Session
+from labrun.settings import settings
 from labrun.state import SessionState
 from labrun.status import session_status
 
 log = logging.getLogger("labrun")
 
-DEFAULT_INTERVAL_S = 2.0
 CELL_CHARS = 300
 ATTEMPT_COLUMNS = ("attempt", "phase", "status", "command", "exit code", "duration (s)",
                    "error", "fix applied", "metrics", "engine's rerun")
@@ -92,8 +91,7 @@ class SessionArtifacts:
         self.ws = session.ws
         self.session_id = session.state.session_id
         self.title = session.state.title
-        self.interval_s = (float(os.environ.get("LABRUN_ARTIFACTS_INTERVAL_S", DEFAULT_INTERVAL_S))
-                           if interval_s is None else interval_s)
+        self.interval_s = settings().artifacts_interval_s if interval_s is None else interval_s
         self.ids: dict[str, UUID] = {}
         self.sent: dict[str, Any] = {}
         self.publishes = 0

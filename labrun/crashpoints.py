@@ -4,7 +4,7 @@
 SIGKILL the process, so a test can hit windows too narrow for a timer (inside a model call,
 between a model reply's arrival and its journal record, between a reply and its tool results,
 between a STATE.md temp file and its rename, at each phase-table write). Unset, it costs one
-environment lookup.
+look at the environment (`labrun.settings`).
 
 `result-write:<n>` reaches inside Prefect: the n-th record Prefect writes to a local result
 store (the commit of a cached phase or attempt) is torn, half its bytes on disk, and the
@@ -17,11 +17,13 @@ import os
 import signal
 from collections import Counter
 
+from labrun.settings import BadSetting, settings
+
 _arrivals: Counter[str] = Counter()
 
 
 def _target() -> tuple[str, int] | None:
-    spec = os.environ.get("LABRUN_CRASH_AT")
+    spec = settings().crash_at
     if not spec:
         return None
     name, _, nth = spec.partition(":")
@@ -60,7 +62,11 @@ def arm() -> None:
     """Reach into Prefect if LABRUN_CRASH_AT asks for it: done at import, and again by a
     process forked after the import with its own LABRUN_CRASH_AT (tests/engine_forker.py)."""
     _arrivals.clear()
-    if (_target() or ("",))[0] == "result-write":
+    try:
+        target = _target()
+    except BadSetting:
+        return  # the command line says which, before it runs anything
+    if (target or ("",))[0] == "result-write":
         _tear_result_writes()
 
 

@@ -7,16 +7,15 @@ The turn loop knows nothing of it: the agent factory wraps a deployment run's mo
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from contextlib import ExitStack, contextmanager
 from typing import Iterator
 
 from labrun.model import Model, ModelReply, ModelRequest
+from labrun.settings import settings
 
 MODEL_API_LIMIT = "labrun-model-api"
-DEFAULT_MODEL_API_SLOTS = 4
 MODEL_API_LEASE_S = 60
 SLOT_TRIES = 5
 
@@ -25,7 +24,7 @@ def limited() -> bool:
     """True in a deployment's flow run (prefect.yaml sets LABRUN_MODEL_API_LIMIT=on for them)
     on a Prefect server (PREFECT_API_URL). The opt-in keeps slots to servers that run
     Prefect's services, which free the lease of a killed engine's slot."""
-    if os.environ.get("LABRUN_MODEL_API_LIMIT") != "on":
+    if not settings().model_api_limit:
         return False
     from prefect.settings import get_current_settings
 
@@ -45,7 +44,7 @@ class LimitedModel:
 
 
 def configured_slots() -> int:
-    return int(os.environ.get("LABRUN_MODEL_API_SLOTS", DEFAULT_MODEL_API_SLOTS))
+    return settings().model_api_slots
 
 
 _limits_ready: set[tuple[str, str]] = set()

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from labrun.settings import settings
 from labrun.usage import Usage
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ _warned: set[str] = set()
 
 def load_prices(path: str | None = None) -> dict[str, dict[str, Any]]:
     """The built-in table with the `LABRUN_PRICES` file (or `path`) merged over it."""
-    path = path if path is not None else os.environ.get("LABRUN_PRICES", "")
+    path = path if path is not None else settings().prices
     return _load(path)
 
 

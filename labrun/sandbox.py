@@ -53,6 +53,7 @@ from typing import Iterable
 import psutil
 
 from labrun.egress import BRIDGE_PORT, PROXY_URL, PROXY_VARIABLES
+from labrun.settings import settings
 
 log = logging.getLogger("labrun")
 
@@ -315,8 +316,7 @@ PR_SET_PDEATHSIG = 1
 
 def pid_namespaces() -> bool:
     """Whether a CLI run gets a PID namespace of its own (bubblewrap; LABRUN_CLI_PIDNS=off: never)."""
-    return (os.environ.get("LABRUN_CLI_PIDNS", "").lower() not in ("0", "off", "no", "false")
-            and bubblewrap() is not None)
+    return settings().cli_pidns and bubblewrap() is not None
 
 
 @lru_cache(maxsize=1)

@@ -13,6 +13,8 @@ import re
 from functools import lru_cache
 from typing import Any, Iterable, Mapping
 
+from labrun.settings import settings
+
 # Name parts (split on _ - .) that say a variable holds a secret: GITHUB_TOKEN, DB_PASSWORD,
 # AWS_SECRET_ACCESS_KEY; never GIT_AUTHOR_NAME, TOKENIZERS_PARALLELISM or KEYBOARD.
 SECRET_PARTS = {"KEY", "KEYS", "APIKEY", "TOKEN", "TOKENS", "SECRET", "SECRETS", "PASSWORD",
@@ -100,6 +102,6 @@ def scrubbed_env(keys: Iterable[str] = ()) -> dict[str, str]:
     """The environment for agent commands: no secrets and nothing of the engine's, except
     `keys` (the ones a session's experiments are given, `labrun.keys`) and those named in
     LABRUN_PASS_ENV (comma-separated)."""
-    allow = {n.strip() for n in os.environ.get("LABRUN_PASS_ENV", "").split(",") if n.strip()} | set(keys)
+    allow = {n.strip() for n in settings().pass_env.split(",") if n.strip()} | set(keys)
     return {k: v for k, v in os.environ.items()
             if k in allow or not (k in declared or is_secret_name(k) or k.startswith(ENGINE_PREFIXES))}

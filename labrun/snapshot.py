@@ -19,17 +19,26 @@ import os
 import time
 from pathlib import Path
 
+from labrun.settings import settings
 from labrun.workspace import write_json
 
-BIG_FILE_BYTES = int(float(os.environ.get("LABRUN_HASH_MAX_MB", "64")) * 2**20)
+
+def big_file_bytes() -> int:
+    """Above this size a file is never read: its digest is its size and mtime (`LABRUN_HASH_MAX_MB`)."""
+    return int(settings().hash_max_mb * 2**20)
+
+
+def kept_file_bytes() -> int:
+    """Files up to this size are kept as each attempt found them (`keep_copies`, `LABRUN_KEEP_MAX_MB`)."""
+    return int(settings().keep_max_mb * 2**20)
+
+
 SKIPPED_NAMES = {".labrun", ".git", ".hg", ".svn", "__pycache__", ".ipynb_checkpoints", ".pytest_cache",
                  ".mypy_cache", ".ruff_cache", ".tox", ".nox"}
 ENVIRONMENT_NAMES = {".venv", "venv", "node_modules"}
 ENVIRONMENT_MARKERS = {"pyvenv.cfg", "conda-meta"}
 CACHE_MARKER = "CACHEDIR.TAG"  # https://bford.info/cachedir/
 PACKAGE_FOLDERS = ("lib/python*/site-packages", "Lib/site-packages", "conda-meta")
-KEPT_FILE_BYTES = int(float(os.environ.get("LABRUN_KEEP_MAX_MB", "16")) * 2**20)
-"""Files up to this size are kept as each attempt found them (`keep_copies`)."""
 SETTLED_NS = 2 * 10**9
 """A digest is cached only for a file unchanged this long: a write within the same mtime
 tick as the hashing could otherwise go unseen."""
@@ -66,15 +75,16 @@ def keep_copies(root: Path, files: dict[str, str], store: Path) -> None:
     """A copy of each file of `files` (a snapshot of `root`) in `store`, named by its digest,
     so that the workspace as it was can be rebuilt later (a reproduction,
     `labrun.phases.reproduction`). Copies are shared: a file already kept costs nothing.
-    Environments and files above `KEPT_FILE_BYTES` are not kept, nor a file that changed
+    Environments and files above `kept_file_bytes()` are not kept, nor a file that changed
     since its digest was taken."""
     store.mkdir(parents=True, exist_ok=True)
+    most = kept_file_bytes()
     for rel, digest in files.items():
         if len(digest) != 64 or (store / digest).exists():  # an environment, a big file, or kept
             continue
         path = Path(root) / rel
         try:
-            if path.stat().st_size > KEPT_FILE_BYTES:
+            if path.stat().st_size > most:
                 continue
             data = path.read_bytes()
         except OSError:
@@ -135,7 +145,7 @@ def environment_digest(path: Path) -> str:
 
 
 def file_digest(path: str, st: os.stat_result) -> str:
-    if st.st_size > BIG_FILE_BYTES:
+    if st.st_size > big_file_bytes():
         return f"stat:{st.st_size}:{st.st_mtime_ns}"
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -9,7 +9,6 @@ completed model call is never paid for twice.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import NoReturn
 
@@ -21,13 +20,15 @@ from labrun import prompts
 from labrun.crashpoints import crashpoint
 from labrun.journal import Conversation
 from labrun.model import Model, ModelReply, ModelRequest, TransientModelError, UsageWindowSpent
+from labrun.settings import settings
 from labrun.tools import ToolBox, tool_specs
 from labrun.usage import Budget, Usage
 
 log = logging.getLogger("labrun")
 
-RETRY_BASE_S = float(os.environ.get("LABRUN_RETRY_BASE_S", "2"))
-RETRY_DELAYS = [RETRY_BASE_S * 2**i for i in range(8)]
+RETRY_DELAYS = [settings().retry_base_s * 2**i for i in range(8)]
+"""Read at import, unlike the other settings: Prefect fixes a task's retry delays when the task
+is defined."""
 JITTER = 0.5
 LONG_WAIT_S = 600
 CUT_OFF = {"max_tokens", "model_context_window_exceeded"}

@@ -15,11 +15,11 @@ most six hours.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from datetime import datetime, timezone
 
 from labrun.model import UsageWindowSpent
+from labrun.settings import settings
 
 log = logging.getLogger("labrun")
 
@@ -28,7 +28,7 @@ SCHEDULED_NAME = "AwaitingUsageWindow"
 
 
 def min_wait_s() -> float:
-    return float(os.environ.get("LABRUN_MIN_WINDOW_WAIT_S") or 60)
+    return settings().min_window_wait_s
 
 
 def wait_seconds(resets_at: float, now: float | None = None) -> float:

@@ -9,10 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from labrun.crashpoints import crashpoint
+from labrun.settings import settings
 
 
-MIN_FREE_MB = float(os.environ.get("LABRUN_MIN_FREE_MB", "100"))
-"""Below this much free disk the session stops (resumably) before its next step."""
 RESERVE_BYTES = 4 << 20
 """Kept allocated in `.labrun/reserve` and given up when a command fills the disk, so the
 record of that command (its attempt, the journal) can still be written."""
@@ -105,14 +104,15 @@ class Workspace:
         return st.f_bavail * st.f_frsize / 2**20
 
     def nearly_full(self) -> bool:
-        return self.free_mb() < MIN_FREE_MB
+        """Below `LABRUN_MIN_FREE_MB` free: the session stops (resumably) before its next step."""
+        return self.free_mb() < settings().min_free_mb
 
     def check_disk(self) -> None:
         """Stop before the next step when the disk is nearly full, not halfway through it."""
         if self.nearly_full():
             raise DiskFull(
                 f"{self.root}: only {self.free_mb():.0f} MB free on its disk, below labrun's floor of "
-                f"{MIN_FREE_MB:g} MB (LABRUN_MIN_FREE_MB); free some space, then "
+                f"{settings().min_free_mb:g} MB (LABRUN_MIN_FREE_MB); free some space, then "
                 f"`labrun resume {self.root}`"
             )
 

@@ -136,9 +136,7 @@ RUN_IMPORTS = (
     "labrun.interrupts", "labrun.model_api_limit",
 )
 """Modules a `labrun run` imports lazily, imported once here instead of in every fork; a
-name the code no longer has only costs its fork the import again, so a missing one is skipped.
-Not labrun.turns (nor what imports it): it reads LABRUN_RETRY_BASE_S when imported, which the
-real-CLI tests set per run."""
+name the code no longer has only costs its fork the import again, so a missing one is skipped."""
 
 
 def _serve() -> None:

@@ -58,7 +58,7 @@ def test_a_nearly_full_disk_stops_the_session_in_one_line_and_it_resumes_once_fr
 
 def test_an_attempt_that_fills_the_disk_is_recorded_failed_and_the_next_step_waits(small_disk, prefect_api,
                                                                                   monkeypatch):
-    monkeypatch.setattr(workspace, "MIN_FREE_MB", FLOOR_MB)
+    monkeypatch.setenv("LABRUN_MIN_FREE_MB", str(FLOOR_MB))
     session = Session.open(small_disk / "ws", DEMO_IDEA, "scripted")
     try:
         assert session.ws.reserve.stat().st_size == workspace.RESERVE_BYTES

@@ -80,7 +80,7 @@ def bytes_read() -> int:
 
 
 def test_a_file_above_the_threshold_is_recorded_by_size_and_mtime_never_read(root, monkeypatch):
-    monkeypatch.setattr(snapshot, "BIG_FILE_BYTES", 1 << 20)
+    monkeypatch.setenv("LABRUN_HASH_MAX_MB", "1")
     big = root / "data/big.bin"
     big.parent.mkdir()
     with open(big, "wb") as f:

@@ -22,6 +22,7 @@ from labrun.crashpoints import crashpoint
 from labrun.model import FatalModelError, ModelError, ModelReply, ModelRequest, TransientModelError
 from labrun.prices import cost_usd, load_prices, price_for
 from labrun.secrets import redact
+from labrun.settings import settings
 from labrun.usage import Usage
 
 DEFAULT_MODEL = "claude-opus-5-5"  # the docs' "start here for most workloads", Nov 2026
@@ -72,7 +73,7 @@ _CONTEXT_OVERFLOW = re.compile(
 
 def model_name(model: str | None = None) -> str:
     """The model a session asks for: `--model`, else LABRUN_MODEL, else the default."""
-    return model or os.environ.get("LABRUN_MODEL") or DEFAULT_MODEL
+    return model or settings().model or DEFAULT_MODEL
 
 
 def check_credentials(environ: Mapping[str, str] | None = None) -> None:
@@ -156,7 +157,7 @@ class AnthropicModel:
 
 def _context_management_setting(value: bool | dict[str, Any] | None) -> dict[str, Any] | None:
     if value is None:
-        value = os.environ.get("LABRUN_CONTEXT_MANAGEMENT", "on").strip().lower() not in {"0", "off", "false", "no"}
+        value = settings().context_management
     if value is True:
         return copy.deepcopy(DEFAULT_CONTEXT_MANAGEMENT)
     return copy.deepcopy(value) or None

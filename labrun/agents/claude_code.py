@@ -78,6 +78,7 @@ from labrun.agents.names import AgentUnavailable, web_tools
 from labrun.agents.cli_agent import (CliAgent, Finished, Outcome, Retrying, RunPlan, Started, Streamed,
                                      ToolUsed, Verdict, Window)
 from labrun.agents.cli_process import passed_env, version
+from labrun.settings import settings
 from labrun.usage import Usage
 from labrun.windows import clock
 
@@ -112,19 +113,19 @@ class ClaudeCodeAgent(CliAgent):
     tools_note = TOOLS_NOTE
 
     def __init__(self, model: str | None = None, workspace: str | Path | None = None):
-        exe = os.environ.get("LABRUN_CLAUDE", "claude")
+        exe = settings().claude
         found = shutil.which(exe)
         if found is None:
             raise AgentUnavailable(MISSING.format(exe=exe))
         super().__init__(found)
         self.model = model
         self.workspace = workspace
-        self.permissions = os.environ.get("LABRUN_CLAUDE_PERMISSIONS", "default")
+        self.permissions = settings().claude_permissions
         if self.permissions not in ("default", "skip"):
             raise AgentUnavailable(
                 f"LABRUN_CLAUDE_PERMISSIONS={self.permissions!r}: use `default` (allowed-tool "
                 "rules) or `skip` (--dangerously-skip-permissions)")
-        self.auth = os.environ.get("LABRUN_CLAUDE_AUTH", "auto")
+        self.auth = settings().claude_auth
         if self.auth not in ("auto", "subscription", "api-key"):
             raise AgentUnavailable(f"LABRUN_CLAUDE_AUTH={self.auth!r}: use `auto`, `subscription` or `api-key`")
         self.snapshot_off = has_option(found, "--system-prompt-snapshot")  # asked once, before any phase

@@ -92,6 +92,7 @@ from labrun.prices import cost_usd
 from labrun.egress import allow_endpoints
 from labrun.sandbox import Lifeline, Sandbox, Secrets, bubblewrap, kill_tree, pid_namespaces, spawn
 from labrun.secrets import declared, is_secret_name, redact
+from labrun.settings import settings
 from labrun.tools import ToolBox, ToolResult
 from labrun.turns import RETRY_POLICY, PhaseStopped, back_off
 from labrun.usage import Budget, BudgetSpent, Usage
@@ -271,7 +272,7 @@ class CliAgent:
         inside it, with the network, which the CLI needs (its API, labrun's tools) whatever
         the session says."""
         sandbox = session.sandbox()
-        extra = [Path(p) for p in os.environ.get("LABRUN_CLI_WRITABLE", "").split(os.pathsep) if p.strip()]
+        extra = [Path(p) for p in settings().cli_writable.split(os.pathsep) if p.strip()]
         homes = [h for h in (*self.homes(), *extra) if h.exists()]
         sandbox = replace(sandbox, writable=(*sandbox.writable, *homes))
         if (self.in_sandbox or self.own_network) and not sandbox.network:
@@ -347,7 +348,7 @@ class CliAgent:
             CliAgent.announced = True
         system_file = phase_dir / f"{self.name}-system-prompt.md"
         write_atomic(system_file, self.system_text(toolbox, convo, system))
-        timeout = float(os.environ.get("LABRUN_PHASE_TIMEOUT_S") or toolbox.session.time_limit_s)
+        timeout = float(toolbox.session.time_limit_s if (t := settings().phase_timeout_s) is None else t)
         deadline = time.monotonic() + timeout
         close_orphaned_transcript(phase_dir, self.name)
         if (cut := cut_run(convo)) is not None:  # the engine died in it: what the CLI recorded
@@ -465,7 +466,7 @@ class CliAgent:
                     calls += 1
                     self.serve(toolbox, convo, item, f"{self.name}-{n}-{calls}")
                     if toolbox.completed is not None and len(timers) == 1:
-                        grace = float(os.environ.get("LABRUN_CLI_GRACE_S", "120"))
+                        grace = settings().cli_grace_s
                         timers.append(threading.Timer(grace, stop, ["completed"]))
                         timers[-1].start()
                     continue

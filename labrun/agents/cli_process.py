@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Iterable
 
 from labrun.secrets import redact
+from labrun.settings import settings
 
 ALWAYS_PASSED = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ", "TMPDIR",
                  "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR",
@@ -25,7 +26,7 @@ def passed_env(names: Iterable[str] = (), prefixes: Iterable[str] = (), drop: It
     """The environment a CLI run gets: what any program needs to run here (paths, locale,
     proxies, certificates), the `names` and `prefixes` the CLI itself needs, and whatever
     LABRUN_PASS_ENV names; nothing else, and nothing in `drop`."""
-    extra = {n.strip() for n in os.environ.get("LABRUN_PASS_ENV", "").split(",") if n.strip()}
+    extra = {n.strip() for n in settings().pass_env.split(",") if n.strip()}
     wanted, prefixes, drop = set(ALWAYS_PASSED) | set(names) | extra, tuple(prefixes), set(drop)
     return {k: v for k, v in os.environ.items()
             if k not in drop and (k in wanted or k.startswith("LC_") or k.startswith(prefixes))}

@@ -71,6 +71,7 @@ from labrun.agents.cli_agent import (CliAgent, Finished, Outcome, Retrying, RunP
 from labrun.agents.cli_process import passed_env, version
 from labrun.egress import PROXY_URL, PROXY_VARIABLES
 from labrun.sandbox import Sandbox
+from labrun.settings import settings
 from labrun.usage import Usage
 from labrun.windows import clock
 
@@ -102,7 +103,7 @@ class CodexAgent(CliAgent):
     tools_note = TOOLS_NOTE
 
     def __init__(self, model: str | None = None, workspace: str | Path | None = None):
-        super().__init__(native_binary(os.environ.get("LABRUN_CODEX", "codex")))
+        super().__init__(native_binary(settings().codex))
         self.model = model or DEFAULT_MODEL
         self.workspace = workspace
         self.home = codex_home()

@@ -60,6 +60,7 @@ from labrun.agents.names import AgentUnavailable
 from labrun.agents.cli_agent import CliAgent, Finished, Outcome, RunPlan, Started, ToolUsed, Verdict, shorten
 from labrun.agents.cli_process import passed_env, version
 from labrun.sandbox import bubblewrap
+from labrun.settings import settings
 from labrun.usage import Usage
 from labrun.windows import clock
 from labrun.workspace import write_atomic
@@ -92,7 +93,7 @@ class GeminiAgent(CliAgent):
     in_sandbox = True
 
     def __init__(self, model: str | None = None, workspace: str | Path | None = None):
-        exe = os.environ.get("LABRUN_GEMINI", "gemini")
+        exe = settings().gemini
         found = shutil.which(exe)
         if found is None:
             raise AgentUnavailable(MISSING.format(exe=exe))
@@ -103,7 +104,7 @@ class GeminiAgent(CliAgent):
         if self.login is None:
             raise AgentUnavailable(NOT_LOGGED_IN.format(said=" (no GEMINI_API_KEY, no Google login in ~/.gemini)",
                                                         then=""))
-        attempts = os.environ.get("LABRUN_GEMINI_MAX_ATTEMPTS", "")
+        attempts = settings().gemini_max_attempts
         if attempts and not (attempts.isdigit() and 1 <= int(attempts) <= 10):
             raise AgentUnavailable(f"LABRUN_GEMINI_MAX_ATTEMPTS={attempts}: give a whole number from 1 to 10 "
                                    "(Gemini CLI's own attempts at each request), or unset it")

@@ -16,6 +16,7 @@ from labrun.serving import CLIENT_MAX_RETRIES
 def main(argv: list[str] | None = None) -> int:
     from labrun.cli.common import CliError, err
     from labrun.cli.parsing import parser
+    from labrun.settings import BadSetting, settings
 
     args = parser().parse_args(argv)
     # A locked SQLite server answers 503 for a while; clients wait it out.
@@ -23,10 +24,14 @@ def main(argv: list[str] | None = None) -> int:
     # Whatever server this starts (a run's API, `labrun server`) sends no telemetry, and says none.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     try:
+        settings()  # a LABRUN_* value that does not parse stops the command before it does anything
         return args.handler(args)
     except CliError as e:
         err.print(f"[red]labrun:[/red] {e}")
         return e.code
+    except BadSetting as e:
+        err.print(f"[red]labrun:[/red] {e}")
+        return 2
     except KeyboardInterrupt:  # before a session ran (its commands say more)
         err.print("[yellow]labrun: interrupted[/yellow]")
         return 130

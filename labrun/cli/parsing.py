@@ -11,36 +11,29 @@ from labrun.agents import AGENTS
 from labrun.cli.common import DEFAULT_AGENT, DEFAULT_MODEL
 from labrun.serving import (DEFAULT_CRASH_AFTER_S, DEFAULT_HOST, DEFAULT_PORT,
                             DEFAULT_SESSION_SLOTS, SESSION_DEPLOYMENT, SESSION_QUEUE)
+from labrun.settings import described
 
-VARIABLES = {
+OTHER_VARIABLES = {
     "ANTHROPIC_API_KEY": "the anthropic agent's key (or ANTHROPIC_AUTH_TOKEN)",
     "ANTHROPIC_BASE_URL": "another endpoint for the Messages API (a proxy, a gateway)",
-    "LABRUN_MODEL": f"the model when --model is not given (default {DEFAULT_MODEL})",
-    "LABRUN_CLAUDE": "the claude executable of the claude-code agent (default claude)",
-    "LABRUN_CLAUDE_PERMISSIONS": "skip: claude-code with --dangerously-skip-permissions",
-    "LABRUN_CODEX": "the codex executable of the codex agent (default codex)",
     "CODEX_HOME": "Codex's login and sessions (default ~/.codex); CODEX_API_KEY an API key",
-    "LABRUN_GEMINI": "the gemini executable of the gemini agent (default gemini)",
     "GEMINI_API_KEY": "the gemini agent's API key (else the Google login of `gemini`)",
-    "LABRUN_PHASE_TIMEOUT_S": "a coding-CLI phase's time limit (default: the idea's time_limit)",
-    "LABRUN_PASS_ENV": "NAME,... environment variables passed on to the agent's commands and to a coding "
-                       "CLI itself (--pass-env: to the experiments' commands only)",
-    "LABRUN_MIN_FREE_MB": "free disk below which a session stops before its next step (100)",
-    "LABRUN_CONTEXT_MANAGEMENT": "off: no server-side context editing (anthropic agent)",
-    "LABRUN_PRICES": "a JSON file of model prices (USD per million tokens)",
-    "LABRUN_MODEL_API_SLOTS": "model calls at once over all sessions in server mode (4)",
-    "LABRUN_KEEP_API": "minutes the Prefect API a run starts stays up for later runs once unused "
-                       "(default 10; 0: each run starts and stops its own)",
     "PREFECT_API_URL": "a Prefect server to run on; without one labrun uses the one `labrun server` "
                        "started, else the one an earlier run kept, or starts one",
     "PREFECT_HOME": "Prefect's database and labrun's server logs (default ~/.prefect)",
 }
-"""Every variable labrun reads, with its line of help; each command's help lists its own."""
+"""The variables of other programs that labrun reads; its own (LABRUN_*) are `labrun.settings`'."""
 AGENT_VARIABLES = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "LABRUN_MODEL", "LABRUN_CLAUDE",
                    "LABRUN_CLAUDE_PERMISSIONS", "LABRUN_CODEX", "CODEX_HOME", "LABRUN_GEMINI", "GEMINI_API_KEY",
                    "LABRUN_PHASE_TIMEOUT_S", "LABRUN_PASS_ENV", "LABRUN_MIN_FREE_MB",
                    "LABRUN_CONTEXT_MANAGEMENT", "LABRUN_PRICES")
 ENGINE_VARIABLES = ("LABRUN_KEEP_API", "PREFECT_API_URL", "PREFECT_HOME")
+LABRUN_VARIABLES = described()
+"""labrun's own variables (`labrun.settings`), each with its field's docstring."""
+VARIABLES = {name: OTHER_VARIABLES.get(name) or LABRUN_VARIABLES[name]
+             for name in (*AGENT_VARIABLES, "LABRUN_MODEL_API_SLOTS", *ENGINE_VARIABLES)}
+"""The variables `--help` names, each with its line of help (a LABRUN_* one's is its field's
+docstring); each command's help lists those it reads."""
 
 
 def environment(names=tuple(VARIABLES), after: str = "") -> str | None:

@@ -29,13 +29,14 @@ from pathlib import Path
 
 from labrun.secrets import is_secret_name
 from labrun.serving import DEFAULT_HOST, ServerError, prefect_home
+from labrun.settings import settings
 
 DEFAULT_IDLE_MINUTES = 10.0
 
 
 def idle_minutes() -> float:
     """LABRUN_KEEP_API: how long the API stays up unused (0: no API is kept)."""
-    raw = os.environ.get("LABRUN_KEEP_API", "").strip().lower()
+    raw = settings().keep_api.strip().lower()
     if raw in ("", "on", "yes", "true"):
         return DEFAULT_IDLE_MINUTES
     if raw in ("off", "no", "false"):

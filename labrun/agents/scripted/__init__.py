@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import re
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from labrun.crashpoints import crashpoint
 from labrun.model import ModelReply, ModelRequest, TransientModelError
 from labrun.plan import seeds_asked
+from labrun.settings import settings
 from labrun.usage import Usage
 
 HERE = Path(__file__).parent
@@ -421,11 +421,11 @@ class ScriptedModel:
     name = "scripted"
 
     def __init__(self, workspace: str | Path | None = None, latency_s: float | None = None):
-        self.latency_s = float(os.environ.get("LABRUN_SCRIPTED_LATENCY_S", "0")) if latency_s is None else latency_s
+        self.latency_s = settings().scripted_latency_s if latency_s is None else latency_s
         self.faults_dir = Path(workspace) / ".labrun" / "faults" if workspace else None
         self.faults = dict(
             (where, kind) for kind, _, where in
-            (f.partition("@") for f in os.environ.get("LABRUN_SCRIPTED_FAULTS", "").split(",") if f)
+            (f.partition("@") for f in settings().scripted_faults.split(",") if f)
         )
 
     def complete(self, request: ModelRequest) -> ModelReply:
