@@ -227,7 +227,6 @@ def _review_names(value: Any) -> Any:
     if isinstance(value, str):
         value = [v.strip() for v in value.split(",") if v.strip()]
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        from labrun import suggest
         from labrun.phases import BY_KEY
 
         for name in value:
@@ -518,8 +517,7 @@ def _child(node: yaml.Node, key: Any) -> tuple[int, yaml.Node] | None:
 def _warnings(idea: Idea, doc: dict[str, Any], root: yaml.Node) -> list[str]:
     found = []
     if idea.guidance_domain == GENERAL_DOMAIN and _normal_domain(idea.domain) != GENERAL_DOMAIN:
-        near = suggest.unknown("domain", idea.domain, KNOWN_DOMAINS).split(";")[0]  # the list is long
-        found.append(f"{near}: using general guidance")
+        found.append(f"{suggest.unknown('domain', idea.domain, KNOWN_DOMAINS, listed=False)}: using general guidance")
     wanted = idea.metadata.paper_style if idea.metadata else None
     if wanted and idea.paper_style is None:
         from labrun.paper import DEFAULT_STYLE, style_names

@@ -27,6 +27,8 @@ from labrun.workspace import Workspace
 
 Outcome = Literal["approved", "revised", "stopped", "waiting"]
 """What the flow does after a reviewed phase: go on, run it again, end, or end to wait."""
+OUTCOMES: dict[str, Outcome] = {"approve": "approved", "revise": "revised", "stop": "stopped"}
+"""What each decision, once applied, has the flow do."""
 
 
 def review_round(state: SessionState, phase: str) -> int:
@@ -58,7 +60,7 @@ def apply(session, number: int, review: Review) -> Outcome:
              "stop": f"the session stopped after phase {number} {review.phase}, as {review.reviewer} decided"}
     session.store.log(event[review.decision])
     crashpoint("review-applied")
-    return {"approve": "approved", "revise": "revised", "stop": "stopped"}[review.decision]
+    return OUTCOMES[review.decision]
 
 
 def os_user() -> str:

@@ -94,7 +94,7 @@ def nothing_to_do(root: Path, idea_path: str | None = None) -> str | None:
     if not ws.state_file.is_file():
         return None
     state, _ = load_state(ws)
-    if finished_and_intact(root):
+    if finished_and_intact(root, state):
         reason = "the session is already complete and its outputs are intact"
     elif state.stopped_by_review:
         reason = "its reviewer stopped the session"
@@ -108,13 +108,15 @@ def nothing_to_do(root: Path, idea_path: str | None = None) -> str | None:
     return reason
 
 
-def finished_and_intact(root: Path) -> bool:
+def finished_and_intact(root: Path, state: SessionState | None = None) -> bool:
     """Complete, and no finished phase's outputs changed since, nor what it asks (its cache
-    version, unless a rerun pinned it): a resume has nothing to do."""
+    version, unless a rerun pinned it): a resume has nothing to do. `state`: the session's,
+    when the caller has read it already."""
     from labrun.phases import phase_version
 
     ws = Workspace(root)
-    state, _ = load_state(ws)
+    if state is None:
+        state, _ = load_state(ws)
     if not state.complete or rerun_pending(ws, state):
         return False
     kept = state.branches[-1].kept if state.branches else {}

@@ -6,9 +6,11 @@ import difflib
 from typing import Iterable
 
 
-def unknown(kind: str, value: str, known: Iterable[str], plural: str | None = None) -> str:
-    """`unknown agent 'codx' (did you mean 'codex'?); the agents are: anthropic, ...`"""
+def unknown(kind: str, value: str, known: Iterable[str], plural: str | None = None, listed: bool = True) -> str:
+    """`unknown agent 'codx' (did you mean 'codex'?); the agents are: anthropic, ...` (without
+    the list when not `listed`: a long one)."""
     known = list(known)
     near = difflib.get_close_matches(str(value), known, n=1, cutoff=0.6)
     hint = f" (did you mean {near[0]!r}?)" if near else ""
-    return f"unknown {kind} {value!r}{hint}; the {plural or kind + 's'} are: {', '.join(known)}"
+    listing = f"; the {plural or kind + 's'} are: {', '.join(known)}" if listed else ""
+    return f"unknown {kind} {value!r}{hint}{listing}"

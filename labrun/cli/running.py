@@ -187,7 +187,7 @@ def _nothing_to_do(root: Path, args, stored) -> int | None:
     from labrun.status import finished_and_intact
 
     overrides = getattr(args, "budget_usd", None) is not None or getattr(args, "max_turns", None) is not None
-    if not overrides and finished_and_intact(root):
+    if not overrides and finished_and_intact(root, stored):
         console.print(f"{args.workspace}: the session is already complete and its outputs are intact; nothing to do.")
         return 0
     if stored.stopped_by_review:
@@ -301,9 +301,11 @@ def _run_flow(run: Run, research_session) -> int:
         raise CliError(f"session stopped: {first}\nresume with: {labrun_command()} resume {run.workspace}",
                        code=1) from None
     _print_summary(run.workspace, console)
-    result = result if isinstance(result, dict) else {}
-    return EXIT_AWAITS_REVIEW if result.get("awaiting_review") else EXIT_STOPPED_BY_REVIEW \
-        if result.get("stopped_by_review") else 0
+    if result.get("awaiting_review"):
+        return EXIT_AWAITS_REVIEW
+    if result.get("stopped_by_review"):
+        return EXIT_STOPPED_BY_REVIEW
+    return 0
 
 
 def _print_summary(workspace: str, where) -> None:

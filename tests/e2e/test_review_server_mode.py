@@ -120,4 +120,4 @@ def test_a_deployment_run_awaits_review_suspended_and_a_click_in_the_ui_resumes_
         prompt = (ws / f".labrun/phases/{phase}/conversation-001.jsonl").read_text()
         assert COMMENT in prompt, f"the approval's comment is not in {phase}'s prompt"
     state_md = (ws / "STATE.md").read_text()
-    assert f"approve by the Prefect UI" in state_md and COMMENT in state_md
+    assert "approve by the Prefect UI" in state_md and COMMENT in state_md
