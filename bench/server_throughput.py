@@ -30,7 +30,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings  # noqa: E402
 
 from labrun.serving.deploy import deploy  # noqa: E402
 from labrun.serving.prepare import prepare
-from labrun.serving import processes
+from labrun import prefect_processes as processes
 from labrun import serving
 from labrun.serving import submit
 

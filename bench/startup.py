@@ -34,8 +34,9 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from labrun.serving import kept_api  # noqa: E402
-from labrun.serving.processes import free_port, server_env, start_api, stop, wait_healthy  # noqa: E402
+from labrun.prefect_processes import free_port, server_env, stop, wait_healthy  # noqa: E402
+from labrun.run_api import kept as kept_api  # noqa: E402
+from labrun.run_api.process import start_api  # noqa: E402
 
 DEMO = REPO / "examples" / "demo_noise_averaging.yaml"
 FIRST_PHASE = "phase 1 of 6 planning started"

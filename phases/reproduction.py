@@ -44,7 +44,7 @@ from labrun.commands import kill_group, run_command
 from labrun.crashpoints import crashpoint
 from labrun.evidence import CITED
 from labrun.sandbox import bubblewrap
-from labrun.serving.processes import identified
+from labrun.prefect_processes import identified
 from labrun.session import Session
 from labrun.snapshot import CACHE_MARKER, ENVIRONMENT_MARKERS, ENVIRONMENT_NAMES, SKIPPED_NAMES, entry_digest
 from labrun.state import Attempt, Reproduction

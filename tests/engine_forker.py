@@ -132,7 +132,7 @@ RUN_IMPORTS = (
     # What a run imports only when it gets there (a quarter of a killed run's CPU, each time):
     *PREFECT_AT_RUN, "prefect.utilities.visualization", "psutil", "sqlite3", "pydantic.color",
     "rich._emoji_codes", "encodings.idna",
-    "labrun.cli.reading", "labrun.cli.serving", "labrun.cli.branches", "labrun.serving.api",
+    "labrun.cli.reading", "labrun.cli.serving", "labrun.cli.branches", "labrun.run_api.api",
     "labrun.interrupts", "labrun.model_api_limit",
 )
 """Modules a `labrun run` imports lazily, imported once here instead of in every fork; a

@@ -55,7 +55,7 @@ def replies(workspace: Path, phase: str) -> int:
 def reach(point: str, term: Terminal, ws: Path) -> None:
     """Hold the session at `point`, noting the processes below labrun on the way."""
     if point == "api-start":
-        wait_for(lambda: any("labrun.serving.api_process" in " ".join(_cmd(p)) for p in term.watch()), timeout=60,
+        wait_for(lambda: any("labrun.run_api.process" in " ".join(_cmd(p)) for p in term.watch()), timeout=60,
                  what="labrun to start its Prefect API")
         assert not (ws / ".labrun").exists()
         return
@@ -165,7 +165,7 @@ def test_a_second_ctrl_c_ends_labrun_at_once(tmp_path, own_api_env, prefect_api,
     term = Terminal("run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted", env=env)
     try:
         reach("attempt", term, ws)
-        api = next(p for p in term.watch() if "labrun.serving.api_process" in " ".join(_cmd(p)))
+        api = next(p for p in term.watch() if "labrun.run_api.process" in " ".join(_cmd(p)))
         api.suspend()
         term.ctrl_c()
         time.sleep(2)

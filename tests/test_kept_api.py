@@ -1,4 +1,4 @@
-"""The kept API's record names its process by pid and start time (`labrun.serving.kept_api`):
+"""The kept API's record names its process by pid and start time (`labrun.run_api.kept`):
 a record whose pid now belongs to another process (after a reboot, or a `kill -9` of the
 kept API and the pid's reuse) is stale, and labrun never signals that process.
 
@@ -14,7 +14,7 @@ import subprocess
 import psutil
 import pytest
 
-from labrun.serving import kept_api
+from labrun.run_api import kept as kept_api
 
 
 @pytest.fixture

@@ -232,8 +232,8 @@ def _check_agent(run: Run) -> None:
 def run_session(run: Run) -> int:
     from labrun.commands import kill_group, running_groups
     from labrun.interrupts import Interrupted, on_hard_exit, stop_on_signals
-    from labrun.serving import ServerError
-    from labrun.serving.api import RunApi
+    from labrun.prefect_processes import ServerError
+    from labrun.run_api.api import RunApi
 
     display = _show_progress()
     _check_agent(run)

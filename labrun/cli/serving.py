@@ -9,13 +9,14 @@ import time
 from pathlib import Path
 
 from labrun.cli.common import DEFAULT_AGENT, CliError, console, err, phase_options
-from labrun.serving import DEFAULT_HOST, DEFAULT_PORT, POOL, QUEUE_DEPLOYMENT, SESSION_DEPLOYMENT, ServerError
+from labrun.prefect_processes import ServerError
+from labrun.serving import DEFAULT_HOST, DEFAULT_PORT, POOL, QUEUE_DEPLOYMENT, SESSION_DEPLOYMENT
 
 
 def cmd_server(args) -> int:
-    from labrun.serving import processes
-    from labrun.serving.api import server_record
-    from labrun.serving import new_database, prefect_home
+    from labrun import prefect_processes as processes
+    from labrun.prefect_processes import new_database, prefect_home
+    from labrun.serving.address import server_record
     from labrun.serving.deploy import deploy, deployment_file
     from labrun.serving.prepare import prepare
 
@@ -165,8 +166,8 @@ def _agent_of(workspace: Path, asked: str | None) -> str:
 
 
 def _api_url_for_clients() -> str:
-    from labrun.serving.api import configured_api_url, labrun_server_url
-    from labrun.serving.processes import healthy
+    from labrun.prefect_processes import healthy
+    from labrun.serving.address import configured_api_url, labrun_server_url
 
     url = configured_api_url()
     if url:

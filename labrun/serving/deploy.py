@@ -14,8 +14,7 @@ import subprocess
 from pathlib import Path
 
 from labrun.resources import resource
-from labrun.serving import ServerError
-from labrun.serving.processes import prefect_cli
+from labrun.prefect_processes import ServerError, prefect_cli
 
 
 def deployment_file() -> Path:

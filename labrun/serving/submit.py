@@ -7,7 +7,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from labrun.serving import SESSION_DEPLOYMENT, ServerError
+from labrun.prefect_processes import ServerError
+from labrun.serving import SESSION_DEPLOYMENT
 
 IDEA_SUFFIXES = (".yaml", ".yml")
 

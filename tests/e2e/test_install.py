@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from e2e_helpers import REPO, UUID_RE
-from labrun.serving import kept_api
+from labrun.run_api import kept as kept_api
 
 NOISE = ("Traceback", "ERROR", "WARNING")
 
@@ -128,7 +128,7 @@ def assert_checks_and_runs_the_demo(installed: Path, idea: Path, tmp_path: Path)
 
 
 def test_an_installed_labrun_serves_and_queues(installed, tmp_path):
-    from labrun.serving.processes import free_port, healthy
+    from labrun.prefect_processes import free_port, healthy
 
     env = _clean_env(tmp_path / "prefect-home")
     env["PREFECT_WORKER_QUERY_SECONDS"] = "1"

@@ -32,7 +32,7 @@ import pytest
 
 from labrun.serving.deploy import deploy
 from labrun.serving.prepare import prepare
-from labrun.serving import processes
+from labrun import prefect_processes as processes
 from labrun.serving import submit
 
 from e2e_helpers import FINAL, REPO, UUID_RE, client, idea_copy, labrun, status_json

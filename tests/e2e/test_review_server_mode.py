@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 import pytest
 
 from labrun.review import os_user
-from labrun.serving import processes
+from labrun import prefect_processes as processes
 from labrun.serving import submit as srv
 
 from chromium import Browser, find_chromium

@@ -12,7 +12,7 @@ from pathlib import Path
 
 
 from labrun import model_api_limit
-from labrun.serving import processes
+from labrun import prefect_processes as processes
 from labrun import serving
 from labrun.serving import submit
 from labrun.artifacts import artifact_key

@@ -13,7 +13,7 @@ using it. The API counts as idle while it can take that lock exclusively; when i
 takes the lock first and removes its record (kept-api.json), so that a run never picks up
 an API that is on its way out.
 
-Its process is `labrun.serving.api_process` with the idle minutes. The record names it by
+Its process is `labrun.run_api.process` with the idle minutes. The record names it by
 its pid and its start time: a pid alone may name another process after a reboot or a `kill
 -9`, and labrun never signals that one.
 """
@@ -28,7 +28,9 @@ import time
 from pathlib import Path
 
 from labrun.secrets import is_secret_name
-from labrun.serving import DEFAULT_HOST, ServerError, prefect_home
+from labrun.prefect_processes import (ServerError, alive, free_port, identified, prefect_home, send, server_env, spawn,
+                                      still_running)
+from labrun.serving import DEFAULT_HOST
 from labrun.settings import settings
 
 DEFAULT_IDLE_MINUTES = 10.0
@@ -92,8 +94,6 @@ def stop_process(proc, grace_s: float) -> None:
     time) while its pid still names it."""
     import signal
 
-    from labrun.serving.processes import send, still_running
-
     for sig in (signal.SIGTERM, signal.SIGKILL):
         if not send(proc, sig):
             return
@@ -106,8 +106,6 @@ def stop_process(proc, grace_s: float) -> None:
 
 def process_of(record: dict):
     """The live process (psutil) that a record names by pid and start time, or None."""
-    from labrun.serving.processes import alive, identified
-
     try:
         proc = identified(int(record["pid"]), float(record["started"]))
     except (KeyError, TypeError, ValueError):  # a record without a start time (an older labrun's): stale
@@ -162,8 +160,6 @@ def find_or_start(minutes: float):
     one API."""
     import psutil
 
-    from labrun.serving.processes import free_port, server_env, spawn
-
     fd = _lock("kept-api.start.lock", fcntl.LOCK_EX)
     try:
         record, proc = _recorded()
@@ -171,7 +167,7 @@ def find_or_start(minutes: float):
             return record["api_url"], proc, False
         port = free_port()
         url = f"http://{DEFAULT_HOST}:{port}/api"
-        child = spawn([sys.executable, "-m", "labrun.serving.api_process", str(port), str(minutes)],
+        child = spawn([sys.executable, "-m", "labrun.run_api.process", str(port), str(minutes)],
                       server_env(url, kept_env()), log_path(), die_with_parent=False)
         proc = psutil.Process(child.pid)  # this process's child, not reaped: the pid is still its own
         record_path().write_text(json.dumps({"api_url": url, "pid": proc.pid, "started": proc.create_time()}))

@@ -1,10 +1,11 @@
-"""Local Prefect processes that labrun starts: an API for one `labrun run`, a server and a
-worker for `labrun server`; and stopping them with everything they started.
+"""The local Prefect processes that labrun starts (the API of a `labrun run`, a server and a
+worker for `labrun server`), and stopping them with everything they started.
 
 Each is started in a session of its own, so that a Ctrl-C in labrun's terminal reaches
 labrun alone, which then stops them in order (the API last, once the run has reported its
 state). Each also gets a parent-death signal, so that it dies with labrun even after a
-`kill -9`.
+`kill -9`. Processes are named by pid and start time (`identified`), so that a pid reused
+by another process is never signalled. Importing this module does not import Prefect.
 """
 
 from __future__ import annotations
@@ -20,9 +21,34 @@ from pathlib import Path
 
 import psutil
 
-from labrun.serving import CLIENT_MAX_RETRIES, DEFAULT_HOST, POOL, ServerError
+from labrun.serving import CLIENT_MAX_RETRIES, DEFAULT_HOST, POOL
 
 PR_SET_PDEATHSIG = 1
+
+
+class ServerError(Exception):
+    """A one-line reason, and what to do about it."""
+
+
+def prefect_home() -> Path:
+    return Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+
+
+def new_database(env: dict[str, str] | None = None) -> bool:
+    """Whether a Prefect API started with `env` (this process's environment by default) makes
+    its database first: no setting names a database, and PREFECT_HOME has none yet. Prefect's
+    migrations then take most of a first start, with nothing else to show."""
+    env = os.environ if env is None else env
+    if any(k.startswith(("PREFECT_SERVER_DATABASE_", "PREFECT_API_DATABASE_")) for k in env):
+        return False
+    home = Path(env.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+    profiles = Path(env.get("PREFECT_PROFILES_PATH") or home / "profiles.toml").expanduser()
+    try:
+        if "DATABASE" in profiles.read_text():  # a profile may name another database: say nothing
+            return False
+    except OSError:
+        pass
+    return not (home / "prefect.db").exists()
 
 
 def prefect_cli() -> list[str]:
@@ -93,11 +119,6 @@ def spawn(cmd: list[str], env: dict[str, str], log: Path | None, die_with_parent
 def start_server(host: str, port: int, env: dict[str, str], log: Path) -> subprocess.Popen:
     """`prefect server start`: the API, the UI and Prefect's services."""
     return spawn([*prefect_cli(), "server", "start", "--host", host, "--port", str(port)], env, log)
-
-
-def start_api(port: int, env: dict[str, str], log: Path) -> subprocess.Popen:
-    """Prefect's API alone, for one run (`labrun.serving.api_process`), on 127.0.0.1:`port`."""
-    return spawn([sys.executable, "-m", "labrun.serving.api_process", str(port)], env, log)
 
 
 def wait_healthy(api_url: str, proc: subprocess.Popen | psutil.Process | None, log: Path | None,

@@ -1,51 +1,25 @@
 """Which Prefect API a `labrun run` talks to, decided without importing Prefect.
 
-A server already running is used as it is: the one PREFECT_API_URL names (in the
-environment or the active Prefect profile), else the one `labrun server` started (it leaves
-its address in PREFECT_HOME/labrun/server.json while it runs). Only without one does the
+A server already running is used as it is (`labrun.serving.address`): the one
+PREFECT_API_URL names, else the one `labrun server` started. Only without one does the
 run start an API, at once and in the background, while labrun imports the engine: the one
-kept between runs (`labrun.serving.kept_api`), or with LABRUN_KEEP_API=0 one for this run
+kept between runs (`labrun.run_api.kept`), or with LABRUN_KEEP_API=0 one for this run
 alone, stopped when the run ends and dying with labrun in any case.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from labrun.serving import ServerError, kept_api, new_database, prefect_home
-from labrun.serving.processes import free_port, healthy, server_env, start_api, stop, wait_healthy
-
-
-def server_record() -> Path:
-    return prefect_home() / "labrun" / "server.json"
-
-
-def configured_api_url() -> str | None:
-    """PREFECT_API_URL from the environment, else from the active Prefect profile."""
-    if os.environ.get("PREFECT_API_URL"):
-        return os.environ["PREFECT_API_URL"]
-    path = Path(os.environ.get("PREFECT_PROFILES_PATH") or prefect_home() / "profiles.toml").expanduser()
-    try:
-        profiles = tomllib.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    active = os.environ.get("PREFECT_PROFILE") or profiles.get("active", "ephemeral")
-    return (profiles.get("profiles", {}).get(active) or {}).get("PREFECT_API_URL") or None
-
-
-def labrun_server_url() -> str | None:
-    """The API of a `labrun server` running on this machine with this PREFECT_HOME."""
-    try:
-        record = json.loads(server_record().read_text())
-        return record["api_url"] if healthy(record["api_url"], timeout_s=1) else None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+from labrun.prefect_processes import (ServerError, free_port, healthy, new_database, prefect_home, server_env, stop,
+                                      wait_healthy)
+from labrun.run_api import kept
+from labrun.run_api.process import start_api
+from labrun.serving.address import configured_api_url, labrun_server_url
 
 
 @dataclass
@@ -60,7 +34,7 @@ class RunApi:
     origin: str = ""
     kept: "psutil.Process | None" = None
     lease: int | None = None
-    """This run's lease on the kept API (`kept_api.hold_lease`)."""
+    """This run's lease on the kept API (`kept.hold_lease`)."""
     reused: bool = False
     """Running before this run came."""
     new_database: bool = False
@@ -76,8 +50,8 @@ class RunApi:
 
     @classmethod
     def find_or_start(cls) -> "RunApi":
-        minutes = kept_api.idle_minutes()
-        lease = kept_api.hold_lease() if minutes > 0 else None  # for the rest of this process
+        minutes = kept.idle_minutes()
+        lease = kept.hold_lease() if minutes > 0 else None  # for the rest of this process
         url = configured_api_url()
         if url:
             return cls(url, origin="PREFECT_API_URL", lease=lease, reused=True)
@@ -86,12 +60,12 @@ class RunApi:
             return cls(url, origin="labrun server", lease=lease, reused=True)
         if minutes > 0:
             new = new_database()
-            url, proc, started = kept_api.find_or_start(minutes)
+            url, proc, started = kept.find_or_start(minutes)
             if started:
-                return cls(url, log=kept_api.log_path(), kept=proc, lease=lease, new_database=new,
+                return cls(url, log=kept.log_path(), kept=proc, lease=lease, new_database=new,
                            origin=f"kept for later runs until unused for {minutes:g} minutes; LABRUN_KEEP_API=0: "
                                   "one for each run")
-            return cls(url, log=kept_api.log_path(), kept=proc, lease=lease, origin="kept between runs", reused=True)
+            return cls(url, log=kept.log_path(), kept=proc, lease=lease, origin="kept between runs", reused=True)
         port = free_port()
         url = f"http://127.0.0.1:{port}/api"
         log = prefect_home() / "labrun" / "api.log"
@@ -110,7 +84,7 @@ class RunApi:
         """The run was interrupted: nothing it started may outlive it, so the kept API goes
         too unless another run is using it."""
         if self.lease is not None:
-            kept_api.stop_unless_used(self.lease, grace_s)
+            kept.stop_unless_used(self.lease, grace_s)
 
     def kill(self) -> None:
         """At once (a second Ctrl-C)."""
