@@ -179,20 +179,16 @@ class SessionArtifacts:
 
         views = self.views()
         title = redact(self.title)
-        key = lambda kind: artifact_key(title, self.session_id, kind)  # noqa: E731
+        sid = self.session_id
+        made = {
+            "state": (create_markdown_artifact, f"STATE.md of the labrun session {sid}: {title}"),
+            "progress": (create_progress_artifact, f"Phases done, of {len(self.session.phases)}: session {sid}"),
+            "attempts": (create_table_artifact, f"Experiment attempts of session {sid}"),
+            "usage": (create_table_artifact, f"Tokens and cost per phase of session {sid}"),
+        }
         with self._send_lock:
-            self.ids["state"] = create_markdown_artifact(
-                views["state"], key=key("state"),
-                description=f"STATE.md of the labrun session {self.session_id}: {title}")
-            self.ids["progress"] = create_progress_artifact(
-                views["progress"], key=key("progress"),
-                description=f"Phases done, of {len(self.session.phases)}: session {self.session_id}")
-            self.ids["attempts"] = create_table_artifact(
-                views["attempts"], key=key("attempts"),
-                description=f"Experiment attempts of session {self.session_id}")
-            self.ids["usage"] = create_table_artifact(
-                views["usage"], key=key("usage"),
-                description=f"Tokens and cost per phase of session {self.session_id}")
+            for kind, (create, description) in made.items():
+                self.ids[kind] = create(views[kind], key=artifact_key(title, sid, kind), description=description)
             self.sent = views
             self.publishes += 1
 

@@ -449,6 +449,18 @@ _EXPECTED = {
     "model_attributes_type": "a mapping",
     "dict_type": "a mapping",
 }
+_MESSAGES = {
+    **{kind: f"must be {what} (got {{got}})" for kind, what in _EXPECTED.items()},
+    "string_too_short": "must be at least {min_length} characters (got {length})",
+    "string_too_long": "must be at most {max_length} characters (got {length})",
+    "too_short": "must have at least {min_length} item(s) (got {actual_length})",
+    "literal_error": "must be one of {expected} (got {got})",
+    "greater_than_equal": "must be at least {ge} (got {got})",
+    "less_than_equal": "must be at most {le} (got {got})",
+    "invalid_key": "keys must be strings (got {got})",
+}
+"""What an idea's error line says for pydantic's error types: the error's context by name,
+`got` the value as `_show` shows it, `length` the length of its text."""
 
 
 def _problems(error: ValidationError, root: yaml.Node, name: str) -> list[str]:
@@ -465,24 +477,10 @@ def _message(err: dict[str, Any]) -> str:
     kind, ctx, got = err["type"], err.get("ctx") or {}, err.get("input")
     if kind == "missing":
         return "field required"
-    if kind in _EXPECTED:
-        return f"must be {_EXPECTED[kind]} (got {_show(got)})"
-    if kind == "string_too_short":
-        return f"must be at least {ctx['min_length']} characters (got {len(str(got))})"
-    if kind == "string_too_long":
-        return f"must be at most {ctx['max_length']} characters (got {len(str(got))})"
-    if kind == "too_short":
-        return f"must have at least {ctx['min_length']} item(s) (got {ctx.get('actual_length')})"
-    if kind == "literal_error":
-        return f"must be one of {ctx['expected']} (got {_show(got)})"
-    if kind == "greater_than_equal":
-        return f"must be at least {ctx['ge']} (got {_show(got)})"
-    if kind == "less_than_equal":
-        return f"must be at most {ctx['le']} (got {_show(got)})"
     if kind == "value_error":
         return str(ctx.get("error", err["msg"]))
-    if kind == "invalid_key":
-        return f"keys must be strings (got {_show(got)})"
+    if kind in _MESSAGES:
+        return _MESSAGES[kind].format(**{"actual_length": None, **ctx}, got=_show(got), length=len(str(got)))
     return err["msg"][:1].lower() + err["msg"][1:]
 
 

@@ -76,8 +76,8 @@ from zoneinfo import ZoneInfo
 
 from labrun.agents.names import AgentUnavailable, web_tools
 from labrun.agents.cli_agent import (CliAgent, Finished, Outcome, Retrying, RunPlan, Started, Streamed,
-                                     ToolUsed, Verdict, Window)
-from labrun.agents.cli_process import passed_env, version
+                                     ToolUsed, Verdict, Window, installed)
+from labrun.agents.cli_process import passed_env
 from labrun.settings import settings
 from labrun.usage import Usage
 from labrun.windows import clock
@@ -110,16 +110,11 @@ NOT_LOGGED_IN = ("Claude Code is not logged in ({said}): run `claude /login` (or
 
 class ClaudeCodeAgent(CliAgent):
     name = "claude"
+    product = "Claude Code"
     tools_note = TOOLS_NOTE
 
     def __init__(self, model: str | None = None, workspace: str | Path | None = None):
-        exe = settings().claude
-        found = shutil.which(exe)
-        if found is None:
-            raise AgentUnavailable(MISSING.format(exe=exe))
-        super().__init__(found)
-        self.model = model
-        self.workspace = workspace
+        super().__init__(installed(settings().claude, MISSING), model, workspace)
         self.permissions = settings().claude_permissions
         if self.permissions not in ("default", "skip"):
             raise AgentUnavailable(
@@ -128,7 +123,7 @@ class ClaudeCodeAgent(CliAgent):
         self.auth = settings().claude_auth
         if self.auth not in ("auto", "subscription", "api-key"):
             raise AgentUnavailable(f"LABRUN_CLAUDE_AUTH={self.auth!r}: use `auto`, `subscription` or `api-key`")
-        self.snapshot_off = has_option(found, "--system-prompt-snapshot")  # asked once, before any phase
+        self.snapshot_off = has_option(self.executable, "--system-prompt-snapshot")  # asked once, before any phase
 
     # -- the command line and the environment ---------------------------------------------------
 
@@ -204,8 +199,7 @@ class ClaudeCodeAgent(CliAgent):
 
     def announce(self) -> str:
         login, _ = choose_login(self.auth)
-        known = version(self.executable) or "Claude Code (version unknown)"
-        said = f"claude-code: {known} ({self.executable}); login: {login}"
+        said = f"claude-code: {self.version_said()} ({self.executable}); login: {login}"
         if not can_sandbox():
             said += ("; its Bash commands can read that login: install bubblewrap and socat so that "
                      "Claude Code sandboxes them without it")

@@ -55,7 +55,8 @@ The seam. A backend subclasses `CliAgent` and gives what differs between CLIs:
   the CLI will count on from another total);
 - `judge(outcome)`: how a run ended, as a `Verdict` (ok, transient, window, lost_session,
   logged_out, failed);
-- `announce()`: one line, said once per engine, on which login the CLI uses;
+- `announce()`: one line, said once per engine, on which login the CLI uses (by default
+  the CLI and its version, the model and `login`);
 - optionally `prompt(plan, text)` (what goes on stdin; a CLI that keeps a resumed
   session's first instructions is given labrun's current ones here when `plan.renewed`)
   and `recover(session_id, since)`: what a run that ended without its result was billed,
@@ -70,6 +71,7 @@ import logging
 import os
 import queue
 import re
+import shutil
 import subprocess
 import threading
 import time
@@ -82,7 +84,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from labrun import prompts
-from labrun.agents.cli_process import feed_stdin, read_stdout
+from labrun.agents.cli_process import feed_stdin, read_stdout, version
 from labrun.agents.cli_usage import cli_turns, current_session, cut_run, known_tools, record_result
 from labrun.agents.names import AgentUnavailable
 from labrun.journal import Conversation
@@ -241,8 +243,19 @@ class RunPlan:
 # -- the base ---------------------------------------------------------------------------------
 
 
+def installed(exe: str, missing: str) -> str:
+    """The path of the CLI that `exe` names; else AgentUnavailable, saying `missing` (how to
+    install it, with `{exe}`)."""
+    found = shutil.which(exe)
+    if found is None:
+        raise AgentUnavailable(missing.format(exe=exe))
+    return found
+
+
 class CliAgent:
     name = "cli"
+    product = "the CLI"
+    """The CLI's name, as the announcement says it."""
     tools_note = ""
     announced = False
     confines = "run as the CLI confines them"
@@ -254,8 +267,10 @@ class CliAgent:
     """The CLI runs inside the session's sandbox (`argv` wraps it with `plan.sandbox` and
     `plan.lifeline`, given when bubblewrap works here)."""
 
-    def __init__(self, executable: str):
+    def __init__(self, executable: str, model: str | None, workspace: str | Path | None):
         self.executable = executable
+        self.model = model
+        self.workspace = workspace
         self.warned_network = False
         self.known_tools: list[str] | None = None
 
@@ -307,8 +322,12 @@ class CliAgent:
     def judge(self, out: Outcome) -> Verdict:
         raise NotImplementedError
 
-    def announce(self) -> str | None:
-        return None
+    def announce(self) -> str:
+        return f"{self.name}: {self.version_said()} ({self.executable}); model {self.model}; login: {self.login}"
+
+    def version_said(self) -> str:
+        """The CLI and its version as the announcement names them."""
+        return version(self.executable) or f"{self.product} (version unknown)"
 
     def needs_namespace(self, env: dict[str, str]) -> bool:
         """Whether runs need labrun's PID namespace to end all they start (a CLI whose own

@@ -55,7 +55,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import time
 from dataclasses import replace
@@ -67,8 +66,8 @@ from typing import Any, Iterator
 from labrun import prompts
 from labrun.agents.names import AgentUnavailable
 from labrun.agents.cli_agent import (CliAgent, Finished, Outcome, Retrying, RunPlan, Started, ToolUsed, Verdict,
-                                     shorten)
-from labrun.agents.cli_process import passed_env, version
+                                     installed, shorten)
+from labrun.agents.cli_process import passed_env
 from labrun.egress import PROXY_URL, PROXY_VARIABLES
 from labrun.sandbox import Sandbox
 from labrun.settings import settings
@@ -100,12 +99,11 @@ NOT_LOGGED_IN = ("Codex is not logged in{said}: run `codex login` (a ChatGPT pla
 
 class CodexAgent(CliAgent):
     name = "codex"
+    product = "Codex"
     tools_note = TOOLS_NOTE
 
     def __init__(self, model: str | None = None, workspace: str | Path | None = None):
-        super().__init__(native_binary(settings().codex))
-        self.model = model or DEFAULT_MODEL
-        self.workspace = workspace
+        super().__init__(native_binary(settings().codex), model or DEFAULT_MODEL, workspace)
         self.home = codex_home()
         self.login = login(self.executable, str(self.home))
         if self.login is None:
@@ -188,10 +186,6 @@ class CodexAgent(CliAgent):
     confines = ("run in Codex's own workspace-write sandbox (no keys), inside labrun's network namespace: egress "
                 "through labrun's proxy, none of the machine's loopback, writes only in the workspace (not its "
                 ".labrun/), a /tmp of the session's and Codex's own home")
-
-    def announce(self) -> str:
-        said = version(self.executable) or "Codex (version unknown)"
-        return f"codex: {said} ({self.executable}); model {self.model}; login: {self.login}"
 
     # -- the events ------------------------------------------------------------------------------
 
@@ -332,9 +326,7 @@ def reset_from_text(said: str, now: float | None = None) -> float | None:
 
 def native_binary(exe: str) -> str:
     """The native `codex` behind `exe` (the npm launcher, or the binary itself)."""
-    found = shutil.which(exe)
-    if found is None:
-        raise AgentUnavailable(MISSING.format(exe=exe))
+    found = installed(exe, MISSING)
     real = Path(found).resolve()
     if real.suffix != ".js":
         return str(real)

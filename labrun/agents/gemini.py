@@ -57,7 +57,8 @@ from typing import Any, Iterator
 from zoneinfo import ZoneInfo
 
 from labrun.agents.names import AgentUnavailable
-from labrun.agents.cli_agent import CliAgent, Finished, Outcome, RunPlan, Started, ToolUsed, Verdict, shorten
+from labrun.agents.cli_agent import (CliAgent, Finished, Outcome, RunPlan, Started, ToolUsed, Verdict, installed,
+                                     shorten)
 from labrun.agents.cli_process import passed_env, version
 from labrun.sandbox import bubblewrap
 from labrun.settings import settings
@@ -89,17 +90,12 @@ NOT_LOGGED_IN = ("Gemini CLI is not logged in{said}: export GEMINI_API_KEY (a ke
 
 class GeminiAgent(CliAgent):
     name = "gemini"
+    product = "Gemini CLI"
     tools_note = TOOLS_NOTE
     in_sandbox = True
 
     def __init__(self, model: str | None = None, workspace: str | Path | None = None):
-        exe = settings().gemini
-        found = shutil.which(exe)
-        if found is None:
-            raise AgentUnavailable(MISSING.format(exe=exe))
-        super().__init__(found)
-        self.model = model or DEFAULT_MODEL
-        self.workspace = workspace
+        super().__init__(installed(settings().gemini, MISSING), model or DEFAULT_MODEL, workspace)
         self.login = login()
         if self.login is None:
             raise AgentUnavailable(NOT_LOGGED_IN.format(said=" (no GEMINI_API_KEY, no Google login in ~/.gemini)",
@@ -183,9 +179,8 @@ class GeminiAgent(CliAgent):
     confines = ("run, with the CLI itself, in labrun's sandbox: writes in the workspace, egress through "
                 "labrun's proxy, none of the CLI's environment (its key, labrun's token)")
 
-    def announce(self) -> str:
-        said = version(self.executable) or "version unknown"
-        return f"gemini: Gemini CLI {said} ({self.executable}); model {self.model}; login: {self.login}"
+    def version_said(self) -> str:  # its --version says the number alone
+        return f"{self.product} {version(self.executable) or 'version unknown'}"
 
     # -- the events ------------------------------------------------------------------------------
 

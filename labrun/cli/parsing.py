@@ -83,11 +83,7 @@ def parser() -> argparse.ArgumentParser:
                      help=f"the model (default: for anthropic $LABRUN_MODEL, else {DEFAULT_MODEL}; for "
                      "claude-code, claude's own; for codex, gpt-5.5; for gemini, gemini-2.5-pro; a resumed "
                      "session keeps its own)")
-    run.add_argument("--with", dest="with_phases", default="", metavar="PHASE,...",
-                     help="optional phases to run besides the six research phases: resources, paper "
-                     "(default: those the idea asks for)")
-    run.add_argument("--paper-style", default=None, metavar="STYLE",
-                     help="the paper phase's LaTeX style: plain (default), neurips, icml, acl or ams")
+    _optional_phases(run, "to run besides the six research phases", "those the idea asks for")
     _review_after(run)
     _limits(run)
     _verbose(run)
@@ -183,11 +179,7 @@ def parser() -> argparse.ArgumentParser:
     queue.add_argument("--model", default=None, help="the model of new sessions (default: the agent's own)")
     queue.add_argument("--workspaces", default="workspaces", metavar="ROOT",
                        help="one workspace per idea is made under ROOT")
-    queue.add_argument("--with", dest="with_phases", default="", metavar="PHASE,...",
-                       help="optional phases each new session runs too: resources, paper "
-                       "(default: those each idea asks for)")
-    queue.add_argument("--paper-style", default=None, metavar="STYLE",
-                       help="the paper phase's LaTeX style: plain (default), neurips, icml, acl or ams")
+    _optional_phases(queue, "each new session runs too", "those each idea asks for")
     _review_after(queue)
     queue.add_argument("--deployment", default=SESSION_DEPLOYMENT, help="the session deployment to run")
     _pass_env(queue)
@@ -204,6 +196,13 @@ def _limits(p: argparse.ArgumentParser) -> None:
                    help="run the agent's commands without network (default: as the session and "
                    "the idea's constraints.network say)")
     _pass_env(p)
+
+
+def _optional_phases(p: argparse.ArgumentParser, which: str, default: str) -> None:
+    p.add_argument("--with", dest="with_phases", default="", metavar="PHASE,...",
+                   help=f"optional phases {which}: resources, paper (default: {default})")
+    p.add_argument("--paper-style", default=None, metavar="STYLE",
+                   help="the paper phase's LaTeX style: plain (default), neurips, icml, acl or ams")
 
 
 def _review_after(p: argparse.ArgumentParser) -> None:
