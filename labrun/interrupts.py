@@ -9,9 +9,11 @@ labrun alone, and labrun stops them itself.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 from contextlib import contextmanager
+from functools import lru_cache
 from typing import Callable, Iterator
 
 NAMES = {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGTERM: "SIGTERM"}
@@ -32,6 +34,28 @@ class Interrupted(KeyboardInterrupt):
     @property
     def exit_code(self) -> int:
         return EXIT_CODES.get(self.signum, 128 + self.signum)
+
+
+PR_SET_PDEATHSIG = 1
+
+
+@lru_cache(maxsize=1)
+def _prctl():
+    return ctypes.CDLL(None, use_errno=True).prctl
+
+
+def dies_with_labrun() -> Callable[[], None]:
+    """A `preexec_fn` for a child that must not outlive labrun, even after a `kill -9`: it
+    gets SIGKILL when the thread that started it ends (so start it from the main thread, or
+    from the thread it belongs to), and exits at once if labrun went before that was set."""
+    parent = os.getpid()
+    prctl = _prctl()  # resolved here, not in the forked child
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+    return preexec
 
 
 _on_hard_exit: list[Callable[[], None]] = []

@@ -10,7 +10,6 @@ by another process is never signalled. Importing this module does not import Pre
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import socket
@@ -21,9 +20,8 @@ from pathlib import Path
 
 import psutil
 
+from labrun.interrupts import dies_with_labrun
 from labrun.serving import CLIENT_MAX_RETRIES, DEFAULT_HOST, POOL
-
-PR_SET_PDEATHSIG = 1
 
 
 class ServerError(Exception):
@@ -85,23 +83,9 @@ def server_env(api_url: str, base: dict[str, str] | None = None) -> dict[str, st
     return env
 
 
-def _preexec(parent: int | None, nice: int):
-    def preexec() -> None:
-        if nice:
-            os.nice(nice)
-        if parent is not None:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-            if os.getppid() != parent:  # the parent died before prctl: do not outlive it
-                os._exit(1)
-    return preexec
-
-
-def spawn(cmd: list[str], env: dict[str, str], log: Path | None, die_with_parent: bool = True,
-          nice: int = 0) -> subprocess.Popen:
+def spawn(cmd: list[str], env: dict[str, str], log: Path | None, die_with_parent: bool = True) -> subprocess.Popen:
     """`cmd` in a session of its own that dies with this process (unless not
-    `die_with_parent`), at `nice` below this process's priority. Call it from the main
-    thread: the parent-death signal comes when the thread that started the child ends."""
+    `die_with_parent`). Call it from the main thread (`dies_with_labrun`)."""
     out = subprocess.DEVNULL
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -109,8 +93,7 @@ def spawn(cmd: list[str], env: dict[str, str], log: Path | None, die_with_parent
     try:
         return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=_preexec(os.getpid() if die_with_parent else None, nice)
-                                if die_with_parent or nice else None)
+                                preexec_fn=dies_with_labrun() if die_with_parent else None)
     finally:
         if log is not None:
             out.close()

@@ -35,14 +35,12 @@ the engine dies, and the watcher then kills everything in the sandbox.
 
 from __future__ import annotations
 
-import ctypes
 import glob
 import json
 import logging
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -53,6 +51,7 @@ from typing import Iterable
 import psutil
 
 from labrun.egress import BRIDGE_PORT, PROXY_URL, PROXY_VARIABLES
+from labrun.interrupts import dies_with_labrun
 from labrun.settings import settings
 
 log = logging.getLogger("labrun")
@@ -311,22 +310,9 @@ def bubblewrap() -> str | None:
 
 # -- a coding CLI's process, tied to the engine ------------------------------------------------
 
-PR_SET_PDEATHSIG = 1
-
-
 def pid_namespaces() -> bool:
     """Whether a CLI run gets a PID namespace of its own (bubblewrap; LABRUN_CLI_PIDNS=off: never)."""
     return settings().cli_pidns and bubblewrap() is not None
-
-
-@lru_cache(maxsize=1)
-def _prctl():
-    return ctypes.CDLL(None, use_errno=True).prctl
-
-
-def _die_with_engine() -> None:
-    """In the child before exec: SIGKILL when the engine (the thread that started it) dies."""
-    _prctl()(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def spawn(argv: list[str], cwd: Path, env: dict[str, str], stderr, namespace: bool = False,
@@ -344,12 +330,11 @@ def spawn(argv: list[str], cwd: Path, env: dict[str, str], stderr, namespace: bo
     elif egress is not None:
         assert lifeline is not None, "the network namespace's bridge needs its lifeline"
         argv = in_network_namespace(argv, lifeline.fd, egress, guard)
-    _prctl()  # resolved here, not in the forked child
     if lifeline:
         return lifeline.popen(argv, keep, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=stderr, preexec_fn=_die_with_engine)
+                              stderr=stderr, preexec_fn=dies_with_labrun())
     return subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
-                            pass_fds=keep, preexec_fn=_die_with_engine)
+                            pass_fds=keep, preexec_fn=dies_with_labrun())
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
