@@ -31,37 +31,16 @@ class Workspace:
     def __init__(self, root: str | Path):
         self.root = Path(root).resolve()
         self.data = self.root / ".labrun"
-        self._lock_fd: int | None = None
-
-    @property
-    def session_file(self) -> Path:
-        return self.data / "session.json"
-
-    @property
-    def state_file(self) -> Path:
-        return self.data / "state.json"
-
-    @property
-    def state_md(self) -> Path:
-        return self.root / "STATE.md"
-
-    @property
-    def results(self) -> Path:
-        return self.data / "results"
-
-    @property
-    def attempts(self) -> Path:
-        return self.data / "attempts"
-
-    @property
-    def kept(self) -> Path:
+        self.session_file = self.data / "session.json"
+        self.state_file = self.data / "state.json"
+        self.state_md = self.root / "STATE.md"
+        self.results = self.data / "results"
+        self.attempts = self.data / "attempts"
+        self.kept = self.data / "kept"
         """Copies of the files the attempts started from, by digest (`snapshot.keep_copies`)."""
-        return self.data / "kept"
-
-    @property
-    def sealed(self) -> Path:
+        self.sealed = self.data / "sealed"
         """The folder of the sealed scorer's run (`phases.sealed_scoring`), hidden from the agent."""
-        return self.data / "sealed"
+        self._lock_fd: int | None = None
 
     def phase_dir(self, key: str) -> Path:
         return self.data / "phases" / key

@@ -57,8 +57,12 @@ class Work:
         return [a for a in self.attempts if a.phase == self.phase]
 
     def idea_text(self) -> str:
-        path = self.root / IDEA_COPY
-        return path.read_text(errors="replace") if path.is_file() else ""
+        return self.text_of(IDEA_COPY) or ""
+
+    def text_of(self, path: str) -> str | None:
+        """The text of the workspace's file `path`, or None when there is none."""
+        file = self.root / path
+        return file.read_text(errors="replace") if file.is_file() else None
 
     @cached_property
     def evidence(self) -> Evidence:
@@ -104,10 +108,10 @@ class Outline:
     MIN_WORDS: ClassVar[int] = 5
 
     def missing(self, work: Work) -> list[str]:
-        file = work.root / self.path
-        if not file.is_file():
+        text = work.text_of(self.path)
+        if text is None:
             return []  # `Files` says so
-        parts = re.split(r"^#{1,6}[ \t]+(.*)$", file.read_text(errors="replace"), flags=re.M)
+        parts = re.split(r"^#{1,6}[ \t]+(.*)$", text, flags=re.M)
         found = {_heading_key(h): _words(body) for h, body in zip(parts[1::2], parts[2::2])}
         lacking = [h for h in self.headings if found.get(_heading_key(h), 0) < self.MIN_WORDS]
         if not lacking:
@@ -539,10 +543,9 @@ class AccountsForPlan:
     fields: ClassVar[tuple[str, ...]] = ()
 
     def missing(self, work: Work) -> list[str]:
-        file = work.root / self.path
-        if not file.is_file():
+        text = work.text_of(self.path)
+        if text is None:
             return []  # `Files` says so
-        text = file.read_text(errors="replace")
         named = lambda item, t: re.search(rf"(?<![\w-]){re.escape(item)}(?![\w-])", t)  # noqa: E731
         found = [f"run {r.id} of the run list named in {self.path}, done (with its attempts) or set aside (with "
                  "the reason)" for r in work.plan.runs if not named(r.id, text)]
