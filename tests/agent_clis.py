@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from auto_responder import IDEA
 from support import labrun
 
@@ -71,6 +73,13 @@ class CliSession:
 
     def posts(self, since: float = 0.0) -> list[dict]:
         return [r for r in self.api.requests if r["method"] == "POST" and r["time"] >= since]
+
+
+def launcher(name: str, product: str):
+    """The npm launcher `name` under the CLIs' prefix, and the mark that skips a test without it."""
+    path = PREFIX / "node_modules/.bin" / name
+    return path, pytest.mark.skipif(not path.exists(), reason=f"the real {product} is not installed: {INSTALL} "
+                                    "(npm), or point LABRUN_AGENT_CLIS at their prefix")
 
 
 def claude_executable() -> str | None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from agent_clis import INSTALL, PREFIX, CliSession  # noqa: E402
+from agent_clis import CliSession, launcher  # noqa: E402
 from auto_responder import IDEA  # noqa: E402
 from codex_responder import MODEL, CodexResearcher, phase_of, texts  # noqa: E402
 from fake_responses_api import FakeResponsesAPI  # noqa: E402
@@ -31,10 +31,7 @@ from labrun.egress import BRIDGE_PORT  # noqa: E402
 from labrun.usage import Usage  # noqa: E402
 
 API_KEY = "sk-proj-test-key-for-the-fake-responses-api-0000"
-LAUNCHER = PREFIX / "node_modules/.bin/codex"
-
-pytestmark = pytest.mark.skipif(not LAUNCHER.exists(), reason=f"the real Codex CLI is not installed: {INSTALL} "
-                                "(npm), or point LABRUN_AGENT_CLIS at their prefix")
+LAUNCHER, pytestmark = launcher("codex", "Codex CLI")
 
 
 class Setup(CliSession):

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from agent_clis import INSTALL, PREFIX, CliSession  # noqa: E402
+from agent_clis import CliSession, launcher  # noqa: E402
 from auto_responder import IDEA  # noqa: E402
 from fake_gemini_api import FakeGeminiAPI, resource_exhausted  # noqa: E402
 from gemini_responder import MODEL, GeminiResearcher, phase_of  # noqa: E402
@@ -31,10 +31,7 @@ from labrun.egress import BRIDGE_PORT  # noqa: E402
 from labrun.usage import Usage  # noqa: E402
 
 API_KEY = "AIzaSy-test-key-for-the-fake-gemini-api-000"
-GEMINI = PREFIX / "node_modules/.bin/gemini"
-
-pytestmark = pytest.mark.skipif(not GEMINI.exists(), reason=f"the real Gemini CLI is not installed: {INSTALL} "
-                                "(npm), or point LABRUN_AGENT_CLIS at their prefix")
+GEMINI, pytestmark = launcher("gemini", "Gemini CLI")
 
 
 class Setup(CliSession):
