@@ -100,6 +100,7 @@ def prefect_server(tmp_path_factory):
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_API_URL": api_url,
         "PREFECT_SERVER_LOGGING_LEVEL": "WARNING",
+        "PREFECT_SERVER_LOG_RETRYABLE_ERRORS": "true",  # "database is locked" in server.log
     })
     proc = processes.start_server("127.0.0.1", port, env, logs / "server.log")
     try:
