@@ -39,7 +39,7 @@ def no_tex(tmp_path, monkeypatch):
     farm = Path(tempfile.mkdtemp(prefix="labrun-bin-without-tex-", dir="/var/tmp"))
     for folder in os.environ["PATH"].split(os.pathsep):
         for entry in Path(folder).glob("*") if Path(folder).is_dir() else []:
-            if entry.name not in TEX_BINARIES and not (farm / entry.name).exists():
+            if entry.name not in TEX_BINARIES and not os.path.lexists(farm / entry.name):  # a dangling link too
                 (farm / entry.name).symlink_to(entry)
     monkeypatch.setenv("PATH", str(farm))
     assert latex.toolchain() is None
