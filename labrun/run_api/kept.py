@@ -27,9 +27,9 @@ import sys
 import time
 from pathlib import Path
 
-from labrun.secrets import is_secret_name
 from labrun.prefect_processes import (ServerError, alive, free_port, identified, prefect_home, send, server_env, spawn,
                                       still_running)
+from labrun.secrets import is_secret_name
 from labrun.serving import DEFAULT_HOST
 from labrun.settings import settings
 
