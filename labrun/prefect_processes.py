@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Mapping
 
 import psutil
 
@@ -28,8 +29,16 @@ class ServerError(Exception):
     """A one-line reason, and what to do about it."""
 
 
-def prefect_home() -> Path:
-    return Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+def prefect_home(env: Mapping[str, str] | None = None) -> Path:
+    """PREFECT_HOME in `env` (this process's environment by default)."""
+    env = os.environ if env is None else env
+    return Path(env.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+
+
+def profiles_path(env: Mapping[str, str] | None = None) -> Path:
+    """Prefect's profiles file in `env` (this process's environment by default)."""
+    env = os.environ if env is None else env
+    return Path(env.get("PREFECT_PROFILES_PATH") or prefect_home(env) / "profiles.toml").expanduser()
 
 
 def new_database(env: dict[str, str] | None = None) -> bool:
@@ -39,14 +48,12 @@ def new_database(env: dict[str, str] | None = None) -> bool:
     env = os.environ if env is None else env
     if any(k.startswith(("PREFECT_SERVER_DATABASE_", "PREFECT_API_DATABASE_")) for k in env):
         return False
-    home = Path(env.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
-    profiles = Path(env.get("PREFECT_PROFILES_PATH") or home / "profiles.toml").expanduser()
     try:
-        if "DATABASE" in profiles.read_text():  # a profile may name another database: say nothing
+        if "DATABASE" in profiles_path(env).read_text():  # a profile may name another database: say nothing
             return False
     except OSError:
         pass
-    return not (home / "prefect.db").exists()
+    return not (prefect_home(env) / "prefect.db").exists()
 
 
 def prefect_cli() -> list[str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from labrun.prefect_processes import (ServerError, free_port, healthy, new_database, prefect_home, server_env, stop,
                                       wait_healthy)
-from labrun.run_api import kept
+from labrun.run_api import kept as kept_api
 from labrun.run_api.process import start_api
 from labrun.serving.address import configured_api_url, labrun_server_url
 
@@ -34,7 +34,7 @@ class RunApi:
     origin: str = ""
     kept: "psutil.Process | None" = None
     lease: int | None = None
-    """This run's lease on the kept API (`kept.hold_lease`)."""
+    """This run's lease on the kept API (`kept_api.hold_lease`)."""
     reused: bool = False
     """Running before this run came."""
     new_database: bool = False
@@ -50,8 +50,8 @@ class RunApi:
 
     @classmethod
     def find_or_start(cls) -> "RunApi":
-        minutes = kept.idle_minutes()
-        lease = kept.hold_lease() if minutes > 0 else None  # for the rest of this process
+        minutes = kept_api.idle_minutes()
+        lease = kept_api.hold_lease() if minutes > 0 else None  # for the rest of this process
         url = configured_api_url()
         if url:
             return cls(url, origin="PREFECT_API_URL", lease=lease, reused=True)
@@ -60,12 +60,12 @@ class RunApi:
             return cls(url, origin="labrun server", lease=lease, reused=True)
         if minutes > 0:
             new = new_database()
-            url, proc, started = kept.find_or_start(minutes)
+            url, proc, started = kept_api.find_or_start(minutes)
             if started:
-                return cls(url, log=kept.log_path(), kept=proc, lease=lease, new_database=new,
+                return cls(url, log=kept_api.log_path(), kept=proc, lease=lease, new_database=new,
                            origin=f"kept for later runs until unused for {minutes:g} minutes; LABRUN_KEEP_API=0: "
                                   "one for each run")
-            return cls(url, log=kept.log_path(), kept=proc, lease=lease, origin="kept between runs", reused=True)
+            return cls(url, log=kept_api.log_path(), kept=proc, lease=lease, origin="kept between runs", reused=True)
         port = free_port()
         url = f"http://127.0.0.1:{port}/api"
         log = prefect_home() / "labrun" / "api.log"
@@ -84,7 +84,7 @@ class RunApi:
         """The run was interrupted: nothing it started may outlive it, so the kept API goes
         too unless another run is using it."""
         if self.lease is not None:
-            kept.stop_unless_used(self.lease, grace_s)
+            kept_api.stop_unless_used(self.lease, grace_s)
 
     def kill(self) -> None:
         """At once (a second Ctrl-C)."""

@@ -10,7 +10,7 @@ import os
 import tomllib
 from pathlib import Path
 
-from labrun.prefect_processes import healthy, prefect_home
+from labrun.prefect_processes import healthy, prefect_home, profiles_path
 
 
 def server_record() -> Path:
@@ -21,9 +21,8 @@ def configured_api_url() -> str | None:
     """PREFECT_API_URL from the environment, else from the active Prefect profile."""
     if os.environ.get("PREFECT_API_URL"):
         return os.environ["PREFECT_API_URL"]
-    path = Path(os.environ.get("PREFECT_PROFILES_PATH") or prefect_home() / "profiles.toml").expanduser()
     try:
-        profiles = tomllib.loads(path.read_text())
+        profiles = tomllib.loads(profiles_path().read_text())
     except (OSError, ValueError):
         return None
     active = os.environ.get("PREFECT_PROFILE") or profiles.get("active", "ephemeral")
