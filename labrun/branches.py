@@ -25,6 +25,7 @@ import filecmp
 import json
 import os
 import shutil
+import stat
 from pathlib import Path
 from typing import Any, Callable
 
@@ -37,7 +38,7 @@ from labrun.snapshot import workspace_files
 from labrun.state import Attempt, Branch, PhaseRecord, SessionState, StateStore, now
 from labrun.tools import parse_metrics
 from labrun.usage import Usage
-from labrun.workspace import Workspace, write_json
+from labrun.workspace import Workspace
 
 DIFF_LINES = 40
 """A changed text file's unified diff is cut after this many lines in `labrun diff`."""
@@ -160,10 +161,9 @@ def archive(session: Session, branch: Branch, status: Callable[[Path], dict[str,
     tmp = final.with_name(f".new-{state.branch}")
     shutil.rmtree(tmp, ignore_errors=True)
     for f in created:
-        _link(ws.root / f, tmp / "files" / f)
+        _keep(ws, f, tmp / "files" / f, link=True)
     for f in sorted((set(edited) | key_outputs(state)) - set(created)):
-        if (ws.root / f).is_file():
-            _link(ws.root / f, tmp / "files" / f, copy=True)  # stays in the workspace
+        _keep(ws, f, tmp / "files" / f)  # stays in the workspace: the next branch may rewrite it in place
     moved = Usage()
     for key in replaced:
         for path in sorted(ws.phase_dir(key).rglob("*")):
@@ -173,11 +173,11 @@ def archive(session: Session, branch: Branch, status: Callable[[Path], dict[str,
     for a in state.attempts:
         if a.phase in replaced and a.log and (ws.root / a.log).is_file():
             _link(ws.root / a.log, tmp / "attempts" / Path(a.log).name)
-    shutil.copy2(ws.state_md, tmp / "STATE.md")
+    _keep(ws, "STATE.md", tmp / "STATE.md")  # the engine's file, but in the agent's folder
     shutil.copy2(ws.state_file, tmp / "state.json")
-    write_json(tmp / "status.json", status(ws.root))
+    ws.write_json(tmp / "status.json", status(ws.root))
     sections = {s: state.sections[s] for k in replaced for s in BY_KEY[k].sections if s in state.sections}
-    write_json(tmp / "branch.json", {
+    ws.write_json(tmp / "branch.json", {
         "n": state.branch, "agent": state.agent, "model": state.model,
         "replaced": replaced, "created": created, "edited": edited, "adopted": adopted,
         "sections": sections, "archived_usage": moved.model_dump(), "next": branch.model_dump(),
@@ -267,20 +267,31 @@ def key_outputs(state: SessionState) -> set[str]:
     return handed | {a.metrics_file for a in state.attempts if a.status == "SUCCESS" and a.metrics_file}
 
 
-def _link(src: Path, dst: Path, copy: bool = False) -> None:
-    """A hard link for a file that leaves the workspace (no copy of a big file); a copy
-    (`copy`) of one that stays, since the next branch may rewrite it in place."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    if src.is_dir():  # an environment (one entry of labrun.snapshot's), linked file by file
-        shutil.copytree(src, dst, symlinks=True,
-                        copy_function=shutil.copy2 if copy else lambda s, d: _link(Path(s), Path(d)))
-        return
-    if not copy:
+def _keep(ws: Workspace, rel: str, dst: Path, link: bool = False) -> None:
+    """The agent's file (or environment, file by file) `rel` in the archive at `dst`: a hard
+    link for a file that leaves the workspace (no copy of a big one), else a copy; through
+    the workspace's file API, so a link the agent left there brings nothing from elsewhere."""
+    files = list(ws.files.files(rel, links=True)) if rel.endswith("/") else [(rel, None)]
+    for name, st in files:
+        to = dst / name[len(rel):] if rel.endswith("/") else dst
         try:
-            return os.link(src, dst)
-        except OSError:
-            pass
-    shutil.copy2(src, dst)
+            if st is not None and stat.S_ISLNK(st.st_mode):  # an environment's own link, kept as a link
+                to.parent.mkdir(parents=True, exist_ok=True)
+                os.symlink(ws.files.readlink(name), to)
+            else:
+                ws.files.export(name, to, link=link)
+        except (OSError, ValueError):  # gone, or not a regular file reached without a link
+            continue
+
+
+def _link(src: Path, dst: Path) -> None:
+    """The engine's own file `src` (a phase's records, an attempt's log) in the archive: a
+    hard link, or a copy where there can be none."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -361,7 +372,7 @@ def diff(root: Path, a: int, b: int) -> dict[str, Any]:
 
 def _metrics(path: Path) -> dict[str, Any]:
     try:
-        return parse_metrics(path)
+        return parse_metrics(path.read_text())
     except (OSError, ValueError):
         return {}
 

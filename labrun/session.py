@@ -24,7 +24,7 @@ from labrun.sealed import hidden, seal
 from labrun.secrets import declare
 from labrun.snapshot import changed, entry_digest
 from labrun.usage import Budget, Usage
-from labrun.workspace import Workspace, write_json
+from labrun.workspace import Workspace
 from labrun.paper import DEFAULT_STYLE, load_style
 from labrun.phases import BY_KEY, Phase, Work, phase_list, review_after_phases
 
@@ -283,7 +283,7 @@ class Session:
                 log=f".labrun/attempts/attempt-{n:03d}.log",
                 branch=self.state.branch,
             )
-            write_json(self.attempt_files_path(n), {"before": files_before, "wrote": None})
+            self.ws.write_json(self.attempt_files_path(n), {"before": files_before, "wrote": None})
             self.state.attempts.append(attempt)
             self.store.event(f"attempt {n} started: {inp.command}")
             self.store.save()
@@ -317,7 +317,7 @@ class Session:
         files = self.attempt_files(n) or {"before": {}}
         files["wrote"] = sorted(changed(files["before"], files_after))
         files["after"] = {k: files_after[k] for k in files["wrote"] if k in files_after}  # what it wrote, as evidence
-        write_json(self.attempt_files_path(n), files)
+        self.ws.write_json(self.attempt_files_path(n), files)
 
     # -- phases ----------------------------------------------------------------------------
 
@@ -368,7 +368,7 @@ class Session:
 
     def finish_phase(self, phase_key: str, manifest: dict[str, Any]) -> None:
         with self.store._lock:
-            write_json(self.ws.phase_dir(phase_key) / "manifest.json", manifest)
+            self.ws.write_json(self.ws.phase_dir(phase_key) / "manifest.json", manifest)
             self.state.file_digests.update(manifest["files"])
             self.store.save()
 

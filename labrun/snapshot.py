@@ -8,6 +8,8 @@ digest per file, `rel path → digest`.
   `conda-meta/`, `CACHEDIR.TAG`), not only by their names. A cache is left out; an
   environment is one entry, `env/`, whose digest changes when packages are installed or
   removed (the mtimes of its package folders), so a `pip install` still counts as a change.
+- The walk and every read go through descriptors opened without following links
+  (`labrun.wsfs`): a link is not part of the work, and the engine reads nothing through one.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ import glob
 import hashlib
 import json
 import os
+import stat
 import time
 from pathlib import Path
 
 from labrun.settings import settings
 from labrun.workspace import write_json
+from labrun.wsfs import Beneath, Refused
 
 
 def big_file_bytes() -> int:
@@ -53,7 +57,7 @@ def workspace_files(root: Path) -> dict[str, str]:
     cache = _cache_for(root)
     found: dict[str, str] = {}
     cache.start()
-    _walk(root, "", found, cache)
+    _walk(os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), root, "", found, cache)
     found.pop("STATE.md", None)
     cache.finish()
     return found
@@ -61,14 +65,14 @@ def workspace_files(root: Path) -> dict[str, str]:
 
 def entry_digest(root: Path, rel: str) -> str | None:
     """The digest `workspace_files` gives `rel` now, None if it is gone."""
-    path = Path(root) / rel
+    files = Beneath(Path(root).resolve())
     if rel.endswith("/"):
-        return environment_digest(path) if path.is_dir() else None
+        return environment_digest(files.root / rel) if files.is_dir(rel) else None
     try:
-        st = path.stat()
-    except OSError:
+        fd = files.open_file(rel)
+    except (OSError, Refused):
         return None
-    return _cache_for(Path(root).resolve()).digest(rel, str(path), st) if path.is_file() else None
+    return _cache_for(files.root).digest(rel, fd, os.fstat(fd))
 
 
 def keep_copies(root: Path, files: dict[str, str], store: Path) -> None:
@@ -79,15 +83,15 @@ def keep_copies(root: Path, files: dict[str, str], store: Path) -> None:
     since its digest was taken."""
     store.mkdir(parents=True, exist_ok=True)
     most = kept_file_bytes()
+    workspace = Beneath(root)
     for rel, digest in files.items():
         if len(digest) != 64 or (store / digest).exists():  # an environment, a big file, or kept
             continue
-        path = Path(root) / rel
         try:
-            if path.stat().st_size > most:
-                continue
-            data = path.read_bytes()
-        except OSError:
+            data = workspace.read_bytes(rel, most + 1)
+        except (OSError, Refused):
+            continue
+        if len(data) > most:
             continue
         if hashlib.sha256(data).hexdigest() == digest:
             temp = store / f".{digest}.tmp"
@@ -110,30 +114,38 @@ def _cache_for(root: Path) -> "DigestCache":
     return _caches[root]
 
 
-def _walk(path: str | Path, rel: str, found: dict[str, str], cache: "DigestCache") -> None:
+def _walk(fd: int, path: Path, rel: str, found: dict[str, str], cache: "DigestCache") -> None:
+    """The folder open at `fd` (closed here), `path` by name, `rel` beneath the root."""
     try:
-        entries = list(os.scandir(path))
+        with os.scandir(fd) as it:
+            entries = [(e.name, os.stat(e.name, dir_fd=fd, follow_symlinks=False)) for e in it]
     except OSError:  # gone meanwhile, or unreadable: not part of the work
+        os.close(fd)
         return
-    if rel:  # a folder's markers say what it is, whatever its name
-        names = {e.name for e in entries}
-        if CACHE_MARKER in names:
-            return
-        if names & ENVIRONMENT_MARKERS:
-            found[rel] = environment_digest(Path(path))
-            return
-    for entry in entries:
-        name = rel + entry.name
-        try:
-            if entry.is_dir(follow_symlinks=False):
-                if entry.name in ENVIRONMENT_NAMES:
-                    found[name + "/"] = environment_digest(Path(entry.path))
-                elif entry.name not in SKIPPED_NAMES:
-                    _walk(entry.path, name + "/", found, cache)
-            elif entry.is_file(follow_symlinks=False):
-                found[name] = cache.digest(name, entry.path, entry.stat(follow_symlinks=False))
-        except OSError:
-            continue
+    try:
+        if rel:  # a folder's markers say what it is, whatever its name
+            names = {name for name, _ in entries}
+            if CACHE_MARKER in names:
+                return
+            if names & ENVIRONMENT_MARKERS:
+                found[rel] = environment_digest(path)
+                return
+        for entry, st in entries:
+            name = rel + entry
+            try:
+                if stat.S_ISDIR(st.st_mode):
+                    if entry in ENVIRONMENT_NAMES:
+                        found[name + "/"] = environment_digest(path / entry)
+                    elif entry not in SKIPPED_NAMES:
+                        sub = os.open(entry, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                        _walk(sub, path / entry, name + "/", found, cache)
+                elif stat.S_ISREG(st.st_mode):
+                    file = os.open(entry, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+                    found[name] = cache.digest(name, file, os.fstat(file))
+            except OSError:
+                continue
+    finally:
+        os.close(fd)
 
 
 def environment_digest(path: Path) -> str:
@@ -144,14 +156,18 @@ def environment_digest(path: Path) -> str:
     return "env:" + hashlib.sha256("\n".join(stamps).encode()).hexdigest()[:16]
 
 
-def file_digest(path: str, st: os.stat_result) -> str:
-    if st.st_size > big_file_bytes():
-        return f"stat:{st.st_size}:{st.st_mtime_ns}"
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
+def file_digest(fd: int, st: os.stat_result) -> str:
+    """The digest of the open file `fd` (closed here), whose stat is `st`."""
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError("not a regular file")
+        if st.st_size > big_file_bytes():
+            return f"stat:{st.st_size}:{st.st_mtime_ns}"
+        os.set_blocking(fd, True)
+        h = hashlib.sha256()
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
-    return h.hexdigest()
+        return h.hexdigest()
 
 
 class DigestCache:
@@ -169,13 +185,15 @@ class DigestCache:
     def start(self) -> None:
         self.seen, self.dirty = {}, False
 
-    def digest(self, rel: str, path: str, st: os.stat_result) -> str:
+    def digest(self, rel: str, fd: int, st: os.stat_result) -> str:
+        """`rel`'s digest; `fd`, the file open (closed here), `st` its stat."""
         key = [st.st_size, st.st_mtime_ns, st.st_ino]
         known = self.entries.get(rel)
-        if known is not None and known[:3] == key:
+        if known is not None and known[:3] == key and stat.S_ISREG(st.st_mode):
+            os.close(fd)
             self.seen[rel] = known
             return known[3]
-        digest = file_digest(path, st)
+        digest = file_digest(fd, st)
         if time.time_ns() - st.st_mtime_ns > SETTLED_NS:
             self.seen[rel] = [*key, digest]
             self.entries[rel] = self.seen[rel]

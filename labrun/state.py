@@ -417,7 +417,7 @@ def load_state(ws: Workspace, restore: bool = False) -> tuple[SessionState, str 
                            f"({previous.name}); start a new workspace") from None
     note = f"{ws.state_file.name} was damaged ({damage}); recovered the previous good copy ({previous.name})"
     if restore:
-        write_atomic(ws.state_file, previous.read_text())
+        ws.write(ws.state_file, previous.read_text())
     return state, note
 
 
@@ -462,8 +462,8 @@ class StateStore:
             if self._clock is not None:
                 self.state.elapsed_s = round(self._clock[0] + time.monotonic() - self._clock[1], 1)
             _keep_previous(self.ws.state_file)
-            write_atomic(self.ws.state_file, redact(self.state.model_dump_json(indent=2)))
-            write_atomic(self.ws.state_md, render_state_md(self.state, str(self.ws.root)))
+            self.ws.write(self.ws.state_file, redact(self.state.model_dump_json(indent=2)))
+            self.ws.write(self.ws.state_md, render_state_md(self.state, str(self.ws.root)))
             for listener in self.listeners:
                 listener(self.state)
 

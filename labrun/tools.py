@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal
@@ -20,6 +21,7 @@ from labrun.plan import PLAN_FIELDS, coverage
 from labrun.resources import TEMPLATES
 from labrun.secrets import redact
 from labrun.phases import Phase, section_titles
+from labrun.wsfs import Refused, agent_path
 
 if TYPE_CHECKING:
     from labrun.session import Session
@@ -29,6 +31,8 @@ TOOL_DOCS = TEMPLATES / "tools"
 BASH_TIMEOUT_S = 600
 BASH_MAX_OUTPUT = 50_000_000
 VIEW_MAX_CHARS = 40_000
+VIEW_MAX_BYTES = 64_000_000
+"""The most of a file the editor reads to show a part of it."""
 
 
 class RunExperimentInput(BaseModel):
@@ -136,19 +140,6 @@ class ToolBox:
         except ToolError as e:
             return ToolResult(redact(str(e)), is_error=True)
 
-    # -- paths -----------------------------------------------------------------------------
-
-    def resolve(self, path: str, writing: bool = False) -> Path:
-        """A path inside the workspace, symlinks resolved; anything else is refused."""
-        p = Path(path)
-        full = (p if p.is_absolute() else self.root / p).resolve()
-        if full != self.root and self.root not in full.parents:
-            raise ToolError(f"{path}: outside the workspace {self.root}; use paths inside it")
-        rel = full.relative_to(self.root)
-        if writing and (rel.parts[:1] == (".labrun",) or rel == Path("STATE.md")):
-            raise ToolError(f"{path}: the engine owns this file; hand things on through complete_phase")
-        return full
-
     # -- tools -----------------------------------------------------------------------------
 
     def bash(self, inp: BashInput) -> str:
@@ -164,53 +155,67 @@ class ToolBox:
         return (result.output or "(no output)") + status
 
     def edit(self, inp: EditorInput) -> str:
-        path = self.resolve(inp.path, writing=inp.command != "view")
-        rel = path.relative_to(self.root)
-        if inp.command == "view":
-            return self._view(path, inp.view_range)
-        if inp.command == "create":
-            if inp.file_text is None:
-                raise ToolError("create needs file_text")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(inp.file_text)
-            return f"Created {rel} ({len(inp.file_text.splitlines())} lines)."
-        if not path.is_file():
-            raise ToolError(f"{rel}: no such file")
-        text = path.read_text()
-        if inp.command == "str_replace":
-            if not inp.old_str:
-                raise ToolError("str_replace needs old_str")
-            count = text.count(inp.old_str)
-            if count != 1:
-                raise ToolError(
-                    f"old_str occurs {count} times in {rel}; it must occur exactly once "
-                    "(add surrounding lines to make it unique)"
-                )
-            path.write_text(text.replace(inp.old_str, inp.new_str or ""))
-            return f"Replaced the text in {rel}."
-        # insert
-        if inp.insert_line is None or inp.insert_text is None:
-            raise ToolError("insert needs insert_line and insert_text")
-        lines = text.splitlines(keepends=True)
-        if not 0 <= inp.insert_line <= len(lines):
-            raise ToolError(f"insert_line must be between 0 and {len(lines)} for {rel}")
-        new = inp.insert_text if inp.insert_text.endswith("\n") else inp.insert_text + "\n"
-        lines.insert(inp.insert_line, new)
-        path.write_text("".join(lines))
-        return f"Inserted text after line {inp.insert_line} of {rel}."
+        """The editor runs in the engine, so it acts only through the workspace's file API:
+        visible files beneath the workspace, never through a link (a strict part of what
+        `bash` sees in the sandbox)."""
+        files = self.session.ws.files
+        try:
+            rel = agent_path(inp.path, self.root) if inp.path.rstrip("/") != str(self.root) else "."
+            if rel != "." and (st := files.lstat(rel)) is not None and stat.S_ISLNK(st.st_mode):
+                raise Refused(f"{rel}: a link; labrun never follows links in the workspace: name the file itself")
+            if inp.command == "view":
+                return self._view(rel, inp.view_range)
+            if rel == "STATE.md":
+                raise ToolError(f"{inp.path}: the engine owns this file; hand things on through complete_phase")
+            if inp.command == "create":
+                if inp.file_text is None:
+                    raise ToolError("create needs file_text")
+                files.write(rel, inp.file_text)
+                return f"Created {rel} ({len(inp.file_text.splitlines())} lines)."
+            if not files.is_file(rel):
+                raise ToolError(f"{rel}: no such file")
+            mode = stat.S_IMODE(files.lstat(rel).st_mode)  # a script stays executable
+            text = files.read_text(rel)
+            if inp.command == "str_replace":
+                if not inp.old_str:
+                    raise ToolError("str_replace needs old_str")
+                count = text.count(inp.old_str)
+                if count != 1:
+                    raise ToolError(
+                        f"old_str occurs {count} times in {rel}; it must occur exactly once "
+                        "(add surrounding lines to make it unique)"
+                    )
+                files.write(rel, text.replace(inp.old_str, inp.new_str or ""), mode)
+                return f"Replaced the text in {rel}."
+            # insert
+            if inp.insert_line is None or inp.insert_text is None:
+                raise ToolError("insert needs insert_line and insert_text")
+            lines = text.splitlines(keepends=True)
+            if not 0 <= inp.insert_line <= len(lines):
+                raise ToolError(f"insert_line must be between 0 and {len(lines)} for {rel}")
+            new = inp.insert_text if inp.insert_text.endswith("\n") else inp.insert_text + "\n"
+            lines.insert(inp.insert_line, new)
+            files.write(rel, "".join(lines), mode)
+            return f"Inserted text after line {inp.insert_line} of {rel}."
+        except Refused as e:
+            raise ToolError(f"Refused: {e}") from None
+        except UnicodeDecodeError:
+            raise ToolError(f"{inp.path}: not a UTF-8 text file; the editor edits text") from None
+        except OSError as e:
+            raise ToolError(f"{inp.path}: {e.strerror or e}") from None
 
-    def _view(self, path: Path, view_range: list[int] | None) -> str:
-        rel = path.relative_to(self.root)
-        if path.is_dir():
+    def _view(self, rel: str, view_range: list[int] | None) -> str:
+        files = self.session.ws.files
+        if rel == "." or files.is_dir(rel):
             entries = sorted(
-                str(p.relative_to(self.root)) + ("/" if p.is_dir() else "")
-                for p in path.iterdir()
-                if p.name != ".labrun"
+                (name if rel == "." else f"{rel}/{name}") + ("/" if is_dir else "")
+                for name, is_dir in files.listdir(rel)
+                if name != ".labrun"
             )
             return "\n".join(entries) or f"{rel}/ is empty"
-        if not path.exists():
+        if files.lstat(rel) is None:
             raise ToolError(f"{rel}: no such file or directory")
-        lines = path.read_text(errors="replace").splitlines()
+        lines = files.read_bytes(rel, VIEW_MAX_BYTES).decode(errors="replace").splitlines()
         start, end = 1, len(lines)
         if view_range:
             start = max(1, view_range[0])
@@ -221,6 +226,12 @@ class ToolBox:
         return shown or f"{rel} is empty"
 
     def run_experiment(self, inp: RunExperimentInput) -> str:
+        try:  # before anything runs: the engine will read these, so it never follows the agent's links
+            inp.outputs = [agent_path(p, self.root) for p in inp.outputs]
+            if inp.metrics_file is not None:
+                inp.metrics_file = agent_path(inp.metrics_file, self.root)
+        except Refused as e:
+            raise ToolError(f"Refused, not run: {e}") from None
         runs = self.session.state.plan.run_ids()
         if inp.run_id is not None and runs and inp.run_id not in runs:
             raise ToolError(f"Refused, not run: run_id {inp.run_id} is not in the run list "
@@ -277,9 +288,9 @@ def attempt_tail(log: Path, chars: int = 3000) -> str:
         return f.read().decode(errors="replace") or "(no output)"
 
 
-def parse_metrics(path: Path) -> dict[str, Any]:
+def parse_metrics(text: str) -> dict[str, Any]:
     """A JSON object of metrics, nested keys joined with dots."""
-    data = json.loads(path.read_text())
+    data = json.loads(text)
     if not isinstance(data, dict):
         raise ValueError("the metrics file must hold a JSON object")
     flat: dict[str, Any] = {}

@@ -10,6 +10,7 @@ from typing import Any
 
 from labrun.crashpoints import crashpoint
 from labrun.settings import settings
+from labrun.wsfs import Beneath
 
 
 RESERVE_BYTES = 4 << 20
@@ -26,10 +27,13 @@ class DiskFull(Exception):
 
 
 class Workspace:
-    """`<root>/.labrun/` holds the engine's data; everything else is the agent's."""
+    """`<root>/.labrun/` holds the engine's data; everything else is the agent's. The engine
+    reads and writes beneath the root only through `files` (`labrun.wsfs`): never through a
+    link, never outside."""
 
     def __init__(self, root: str | Path):
         self.root = Path(root).resolve()
+        self.files = Beneath(self.root)
         self.data = self.root / ".labrun"
         self.session_file = self.data / "session.json"
         self.state_file = self.data / "state.json"
@@ -42,13 +46,21 @@ class Workspace:
         """The folder of the sealed scorer's run (`phases.sealed_scoring`), hidden from the agent."""
         self._lock_fd: int | None = None
 
+    def write(self, path: Path | str, text: str) -> None:
+        """Replace a file beneath the root whole (`Beneath.write`: readers see the old file or
+        the new one, and a link in the way is replaced or refused, never followed)."""
+        self.files.write(path, text, before_rename=lambda: crashpoint("atomic-write"))
+
+    def write_json(self, path: Path | str, data: Any) -> None:
+        self.write(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
     def phase_dir(self, key: str) -> Path:
         return self.data / "phases" / key
 
     def manifest(self, phase_key: str) -> dict[str, Any] | None:
         """What the phase's last finished run produced (None before it first finishes)."""
         path = self.phase_dir(phase_key) / "manifest.json"
-        return json.loads(path.read_text()) if path.exists() else None
+        return json.loads(self.files.read_text(path)) if self.files.is_file(path) else None
 
     @property
     def reserve(self) -> Path:
@@ -118,24 +130,10 @@ class Workspace:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write via a temporary file, fsync, rename: readers see the old or the new file whole."""
+    """For the engine's own files outside any workspace (a workspace's go through
+    `Workspace.write`): the folder that holds `path` is the engine's, and is trusted."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError:
-        tmp.unlink(missing_ok=True)  # a full disk leaves the old file, and no debris
-        raise
-    crashpoint("atomic-write")
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    Beneath(path.parent, staging=".").write(path.name, text, before_rename=lambda: crashpoint("atomic-write"))
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -22,10 +22,13 @@ from labrun.session import Session
 from labrun.snapshot import changed, keep_copies, workspace_files
 from labrun.state import Attempt
 from labrun.tools import RunExperimentInput, ToolError, parse_metrics
+from labrun.wsfs import Refused
 
 ERROR_LINE = re.compile(r"^\s*([\w.]*(Error|Exception|Exit|Interrupt)\b.*)$", re.M)
 TEX_ERROR = re.compile(r"^(?:\S+\.(?:tex|sty|cls|bib):\d+: |! ).+$", re.M)  # TeX's first error
 MAX_OUTPUT_BYTES = 200_000_000
+MAX_METRICS_BYTES = 10_000_000
+"""More is not a metrics file: the engine reads no further."""
 DISK_FULL = os.strerror(errno.ENOSPC)  # "No space left on device"
 
 
@@ -137,17 +140,18 @@ def judge(session: Session, attempt: Attempt, result) -> tuple[str, str | None, 
         errors.insert(0, tex.group(0).strip())
     if DISK_FULL in full or (errors and session.ws.nearly_full()):
         errors.insert(0, f"the disk filled up ({session.ws.free_mb():.0f} MB free)")
-    outputs = [p for p in attempt.outputs if (root / p).exists()]
+    files = session.ws.files  # the agent's paths, read without following its links
+    outputs = [p for p in attempt.outputs if files.exists(p)]
     errors += [f"declared output {p} is missing" for p in attempt.outputs if p not in outputs]
     metrics: dict = {}
     if attempt.metrics_file:
-        path = root / attempt.metrics_file
+        name = attempt.metrics_file
         try:
-            metrics = parse_metrics(path)
+            metrics = parse_metrics(files.read_bytes(name, MAX_METRICS_BYTES).decode(errors="replace"))
         except FileNotFoundError:
-            errors.append(f"metrics file {path.name} is missing")
-        except ValueError as e:  # json.JSONDecodeError is a ValueError
-            errors.append(f"metrics file {path.name} is unreadable: {e}")
+            errors.append(f"metrics file {name} is missing")
+        except (Refused, ValueError) as e:  # a link or no regular file; json.JSONDecodeError is a ValueError
+            errors.append(f"metrics file {name} is unreadable: {e}")
         bad = [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
         errors += [f"metric {k} is {metrics[k]}" for k in bad]
         metrics = {k: (str(v) if k in bad else v) for k, v in metrics.items()}

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from labrun.evidence import ENGINE_BLOCK
 from labrun.session import Session
-from labrun.workspace import write_atomic
 from labrun.phases.reproduction import reproduction_lines
 from labrun.phases.sealed_scoring import sealed_line
 
@@ -23,10 +22,10 @@ def report_header(session: Session) -> str:
 def stamp_report(session: Session) -> None:
     """REPORT.md begins with the engine's header (the documentation phase's engine step),
     after its title when it has one; an earlier header is replaced."""
-    path = session.ws.root / "REPORT.md"
-    if not path.is_file():
+    files = session.ws.files
+    if not files.is_file("REPORT.md"):
         return
-    text = ENGINE_BLOCK.sub("", path.read_text(errors="replace")).lstrip("\n")
+    text = ENGINE_BLOCK.sub("", files.read_text("REPORT.md", errors="replace")).lstrip("\n")
     title, rest = (text.split("\n", 1) + [""])[:2] if text.startswith("# ") else ("", text)
     head = f"{title}\n\n" if title else ""
-    write_atomic(path, head + report_header(session) + rest.lstrip("\n"))
+    session.ws.write("REPORT.md", head + report_header(session) + rest.lstrip("\n"))

@@ -130,7 +130,7 @@ def rerun(session: Session, attempt: Attempt, left_s: float, tolerance: float) -
         why = "it timed out" if result.timed_out else f"exit code {result.exit_code}"
         return Reproduction(status="DIVERGED", detail=f"the rerun failed ({why}); see its log", **recorded)
     try:
-        metrics = parse_metrics(copy / attempt.metrics_file) if attempt.metrics_file else {}
+        metrics = parse_metrics((copy / attempt.metrics_file).read_text()) if attempt.metrics_file else {}
     except (OSError, ValueError) as e:
         return Reproduction(status="DIVERGED", detail=f"the rerun wrote no readable {attempt.metrics_file} ({e})",
                             **recorded)

@@ -102,7 +102,7 @@ def score(session: Session) -> SealedScore:
         why = "it timed out" if result.timed_out else f"exit code {result.exit_code}"
         return SealedScore(status="FAILED", detail=f"the scorer failed ({why}); see its log", **recorded)
     try:
-        scores = parse_metrics(place / "tmp" / SCORE_FILE.name)
+        scores = parse_metrics((place / "tmp" / SCORE_FILE.name).read_text())
     except (OSError, ValueError) as e:
         return SealedScore(status="FAILED", detail=f"the scorer wrote no readable score ({e})", **recorded)
     shown_scores = ", ".join(f"{k}={v}" for k, v in scores.items()) or "no scores"

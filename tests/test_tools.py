@@ -29,13 +29,23 @@ def box(session, phase="experiments") -> ToolBox:
 def test_paths_outside_the_workspace_are_refused_symlinks_included(session, tmp_path):
     outside = tmp_path / "outside.txt"
     outside.write_text("secret plans")
-    (session.ws.root / "link").symlink_to(outside)
+    root = session.ws.root
+    (root / "link").symlink_to(outside)
+    (root / "dir").symlink_to(tmp_path)
+    (root / ".env").write_text("TOKEN=hidden")
+    # The weak target: the names as the file system resolves them reach the secret.
+    assert all("secret" in (root / p).read_text() for p in ["../outside.txt", str(outside), "link", "dir/outside.txt"])
     b = box(session)
-    for path in ["../outside.txt", str(outside), "link", "/etc/passwd"]:
+    for path, why in [("../outside.txt", "goes up with '..'"), (str(outside), "absolute path outside the workspace"),
+                      ("/etc/passwd", "absolute path outside the workspace"), ("link", "a link"),
+                      ("dir/outside.txt", "a link"), (".env", "hidden path"), (f"{root}/link", "a link")]:
         result = b.call("str_replace_based_edit_tool", {"command": "view", "path": path})
-        assert result.is_error and "outside the workspace" in result.content, path
-    write = b.call("str_replace_based_edit_tool", {"command": "create", "path": "link", "file_text": "x"})
-    assert write.is_error and outside.read_text() == "secret plans"
+        assert result.is_error and why in result.content and "secret" not in result.content, (path, result.content)
+        assert len(result.content.splitlines()) == 1, result.content
+    for path in ["link", "dir/outside.txt"]:
+        write = b.call("str_replace_based_edit_tool", {"command": "create", "path": path, "file_text": "x"})
+        assert write.is_error and "a link" in write.content
+    assert outside.read_text() == "secret plans" and (root / "link").is_symlink()
     state = b.call("str_replace_based_edit_tool", {"command": "create", "path": "STATE.md", "file_text": "x"})
     assert state.is_error and "engine owns" in state.content
 

@@ -366,7 +366,7 @@ class CliAgent:
             log.info("%s: its own commands %s; run_experiment runs in labrun's sandbox", self.name, self.confines)
             CliAgent.announced = True
         system_file = phase_dir / f"{self.name}-system-prompt.md"
-        write_atomic(system_file, self.system_text(toolbox, convo, system))
+        toolbox.session.ws.write(system_file, self.system_text(toolbox, convo, system))
         timeout = float(toolbox.session.time_limit_s if (t := settings().phase_timeout_s) is None else t)
         deadline = time.monotonic() + timeout
         close_orphaned_transcript(phase_dir, self.name)

@@ -64,7 +64,7 @@ from labrun.sandbox import bubblewrap
 from labrun.settings import settings
 from labrun.usage import Usage
 from labrun.windows import clock
-from labrun.workspace import write_atomic
+from labrun.wsfs import Beneath
 
 log = logging.getLogger("labrun")
 DEFAULT_API = "https://generativelanguage.googleapis.com"
@@ -137,8 +137,6 @@ class GeminiAgent(CliAgent):
     def write_settings(self, plan: RunPlan, home: Path) -> None:
         """Its settings and labrun's phase prompt in its home, before every run (the MCP
         server's address changes with each phase, the prompt's digest with each engine)."""
-        config = home / ".gemini"
-        config.mkdir(parents=True, exist_ok=True)
         general: dict[str, Any] = {"enableAutoUpdate": False, "enableAutoUpdateNotification": False}
         if self.max_attempts:
             general["maxAttempts"] = self.max_attempts
@@ -154,10 +152,14 @@ class GeminiAgent(CliAgent):
             settings["mcpServers"] = {"labrun": {
                 "httpUrl": plan.server.url, "trust": True, "timeout": int(plan.timeout_s + 300) * 1000,
                 "headers": {"Authorization": "Bearer ${LABRUN_MCP_TOKEN}"}}}  # expanded from its environment
-        write_atomic(config / "settings.json", json.dumps(settings, indent=2))
-        write_atomic(config / CONTEXT_FILE, plan.system_file.read_text())
+        # Its shell writes its home, in the workspace: written through the workspace's file API,
+        # which replaces a link planted there and never follows one.
+        files = Beneath(home.parent.parent.resolve())
+        config = home.relative_to(home.parent.parent) / ".gemini"
+        files.write(config / "settings.json", json.dumps(settings, indent=2))
+        files.write(config / CONTEXT_FILE, plan.system_file.read_text())
         if not self.login.startswith("API key"):
-            copy_google_login(config)
+            copy_google_login(files, config)
 
     def environment(self, plan: RunPlan) -> dict[str, str]:
         names = ["GOOGLE_GEMINI_BASE_URL", "NO_COLOR"]
@@ -358,11 +360,10 @@ def sealed(executable: str) -> list[str]:
     return [str(copy), str(script)]
 
 
-def copy_google_login(config: Path) -> None:
-    """The user's Google login into labrun's home, unless the copy there is newer (Gemini
-    CLI refreshes its access token in place)."""
+def copy_google_login(files: Beneath, config: Path) -> None:
+    """The user's Google login into labrun's home (`config`, beneath `files`), unless the copy
+    there is newer (Gemini CLI refreshes its access token in place)."""
     for name in OAUTH_FILES:
-        source, target = user_config() / name, config / name
-        if source.is_file() and (not target.exists() or source.stat().st_mtime > target.stat().st_mtime):
-            shutil.copy2(source, target)
-            target.chmod(0o600)
+        source, target = user_config() / name, files.lstat(config / name)
+        if source.is_file() and (target is None or source.stat().st_mtime > target.st_mtime):
+            files.write(config / name, source.read_bytes(), mode=0o600)

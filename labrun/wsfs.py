@@ -1,0 +1,339 @@
+"""The one way the engine touches a folder an agent can write (docs/design.md, Containment).
+Standard library only.
+
+The engine runs as the user, outside the sandbox; the agent's commands can put a link, a
+FIFO or a folder anywhere in the workspace, at any moment. So every read, write, digest and
+copy the engine makes there goes through a `Beneath`: a folder the engine trusts (chosen by
+the user or by the engine, never by the agent), and paths under it that are resolved by the
+kernel without following any link and without leaving it: `openat2` with
+`RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS` (Linux 5.6+), or, where that is missing, a walk of one
+component at a time with `O_NOFOLLOW` from the folder's descriptor. Whatever the agent swaps
+in between two calls, the engine acts on what the kernel found beneath the folder, or on
+nothing.
+
+- Reads open regular files only (`O_NONBLOCK`, then a check): a FIFO cannot hang the engine,
+  a device cannot be read.
+- Writes are made in a staging folder of the engine's (under `.labrun/`, which no agent
+  process can write), then renamed into place in a parent opened beneath: a rename replaces
+  a link at the destination and never follows it.
+- A path an agent names in a tool's input is checked first (`agent_path`): absolute outside
+  the workspace, `..`, hidden (a component starting with a dot) and empty are refused, each
+  in one line that says which; a link is refused when it is opened.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import platform
+import secrets
+import stat
+from pathlib import Path, PurePosixPath
+from typing import Callable, Iterator
+
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
+_SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437, "riscv64": 437, "ppc64le": 437, "s390x": 437}.get(platform.machine())
+STAGING = ".labrun/staging"
+"""Where engine writes are made before they are renamed into place (`Beneath.write`)."""
+
+
+class Refused(ValueError):
+    """A path the engine will not act on; the message is one line naming the path and why."""
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_openat2_works: bool | None = None if _SYS_OPENAT2 else False
+
+
+def _openat2(dir_fd: int, rel: str, flags: int, mode: int) -> int | None:
+    """The descriptor, or None where the kernel has no openat2 (then the walk serves)."""
+    global _openat2_works
+    if _openat2_works is False:
+        return None
+    how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0,
+                   RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
+    fd = _libc.syscall(_SYS_OPENAT2, dir_fd, os.fsencode(rel), ctypes.byref(how), ctypes.sizeof(how))
+    if fd >= 0:
+        _openat2_works = True
+        return fd
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EPERM) and _openat2_works is None:  # no openat2, or a seccomp filter
+        _openat2_works = False
+        return None
+    raise OSError(err, os.strerror(err), rel)
+
+
+def _walk_open(dir_fd: int, parts: tuple[str, ...], flags: int, mode: int) -> int:
+    """openat2's promise kept by hand: each folder opened with `O_NOFOLLOW` from the last."""
+    fd = os.dup(dir_fd)
+    try:
+        for part in parts[:-1]:
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def agent_path(name: str, root: Path) -> str:
+    """`name`, a path an agent gave a tool, as a clean path relative to `root`; refused (in
+    one line saying which) when it is absolute outside the workspace, goes up with `..`, is
+    hidden or names nothing. Whether it is a link is found when it is opened."""
+    if not name or "\0" in name:
+        raise Refused(f"{name!r}: not a file name; name a file in the workspace")
+    path = PurePosixPath(name)
+    if path.is_absolute():
+        try:
+            path = path.relative_to(root)
+        except ValueError:
+            raise Refused(f"{name}: an absolute path outside the workspace {root}; name a file inside it, "
+                          "relative to its root") from None
+    parts = [p for p in path.parts if p != "."]
+    if ".." in parts:
+        raise Refused(f"{name}: goes up with '..'; name a file inside the workspace, relative to its root")
+    if any(p.startswith(".") for p in parts):
+        raise Refused(f"{name}: a hidden path (a name starting with '.'); labrun acts only on visible files")
+    if not parts:
+        raise Refused(f"{name}: the workspace itself; name a file inside it")
+    return "/".join(parts)
+
+
+class Beneath:
+    """A folder the engine trusts, and the files beneath it reached without following links."""
+
+    def __init__(self, root: str | Path, staging: str = STAGING):
+        self.root = Path(root)
+        self.staging = staging
+        """Where `write` makes its files, beneath the root: a folder only the engine writes."""
+
+    def _rel(self, path: str | Path) -> tuple[str, ...]:
+        """The components of `path` (relative, or absolute under the root), as the engine
+        names it; `..` never appears in an engine's path, so it is refused, not resolved."""
+        p = Path(path)
+        if p.is_absolute():
+            p = p.relative_to(self.root)
+        parts = tuple(x for x in p.parts if x != ".")
+        if not parts or ".." in parts:
+            raise Refused(f"{path}: not a path beneath {self.root}")
+        return parts
+
+    def open(self, path: str | Path, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
+        """A descriptor for `path`, found without following a link; `Refused` for a link on
+        the way, `FileNotFoundError` for nothing there."""
+        parts = self._rel(path)
+        root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fd = _openat2(root_fd, "/".join(parts), flags, mode)
+            return fd if fd is not None else _walk_open(root_fd, parts, flags, mode)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.EXDEV) or (e.errno == errno.ENOTDIR and self._has_link(parts)):
+                raise Refused(f"{'/'.join(parts)}: a link (or beneath one); labrun never follows links "
+                              "in the workspace: write the file itself") from None
+            raise
+        finally:
+            os.close(root_fd)
+
+    def _has_link(self, parts: tuple[str, ...]) -> bool:
+        for i in range(1, len(parts) + 1):
+            try:
+                if stat.S_ISLNK(os.lstat(self.root.joinpath(*parts[:i])).st_mode):
+                    return True
+            except OSError:
+                return False
+        return False
+
+    def open_file(self, path: str | Path) -> int:
+        """A descriptor of a regular file for reading; `Refused` for anything else (a FIFO,
+        which would hang the engine, a device, a folder)."""
+        fd = self.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise Refused(f"{path}: not a regular file")
+        os.set_blocking(fd, True)
+        return fd
+
+    def read_bytes(self, path: str | Path, limit: int | None = None) -> bytes:
+        """The file's bytes (at most `limit`)."""
+        with os.fdopen(self.open_file(path), "rb") as f:
+            return f.read() if limit is None else f.read(limit)
+
+    def read_text(self, path: str | Path, errors: str = "strict") -> str:
+        return self.read_bytes(path).decode("utf-8", errors=errors)
+
+    def _dir(self, parts: tuple[str, ...]) -> int:
+        """The folder `parts` (the root for none), opened without following a link."""
+        if not parts:
+            return os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        return self.open("/".join(parts), os.O_RDONLY | os.O_DIRECTORY)
+
+    def lstat(self, path: str | Path) -> os.stat_result | None:
+        """The entry's own stat (a link's, not its target's); None when there is none;
+        `Refused` when a link lies on the way to it."""
+        parts = self._rel(path)
+        try:
+            fd = self._dir(parts[:-1])
+        except OSError:
+            return None
+        try:
+            return os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+
+    def _kind(self, path: str | Path) -> int:
+        try:
+            st = self.lstat(path)
+        except Refused:
+            return 0
+        return 0 if st is None else stat.S_IFMT(st.st_mode)
+
+    def is_file(self, path: str | Path) -> bool:
+        """A regular file, reached without a link."""
+        return self._kind(path) == stat.S_IFREG
+
+    def is_dir(self, path: str | Path) -> bool:
+        return self._kind(path) == stat.S_IFDIR
+
+    def exists(self, path: str | Path) -> bool:
+        """Something that is not a link, reached without a link."""
+        return self._kind(path) not in (0, stat.S_IFLNK)
+
+    def mkdirs(self, path: str | Path) -> int:
+        """The folder `path`, made where missing, opened (the caller closes it); `Refused`
+        where a link or a file stands in the way."""
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for part in (self._rel(path) if str(path) not in ("", ".") else ()):
+                try:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                try:
+                    nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                except OSError as e:
+                    if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                        raise Refused(f"{path}: {part} is a link or a file, not a folder; "
+                                      "labrun never follows links in the workspace") from None
+                    raise
+                os.close(fd)
+                fd = nxt
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def write(self, path: str | Path, data: bytes | str, mode: int = 0o644,
+              before_rename: Callable[[], None] | None = None) -> None:
+        """Replace `path` whole: readers see the old file or the new one. Made in the staging
+        folder, then renamed into a parent opened beneath the root; a link at `path` is
+        replaced, never followed. `before_rename`: called with the new file written whole
+        and not yet in place (a crash point's)."""
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        parts = self._rel(path)
+        staging = self.mkdirs(self.staging)
+        name = f"{parts[-1][:100]}.{secrets.token_hex(6)}"
+        parent = None
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
+                         dir_fd=staging)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    os.fchmod(f.fileno(), mode)
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                parent = self.mkdirs("/".join(parts[:-1]))
+                if before_rename:
+                    before_rename()
+                os.replace(name, parts[-1], src_dir_fd=staging, dst_dir_fd=parent)
+                os.fsync(parent)
+            except BaseException:
+                try:
+                    os.unlink(name, dir_fd=staging)
+                except OSError:
+                    pass
+                raise
+        finally:
+            os.close(staging)
+            if parent is not None:
+                os.close(parent)
+
+    def export(self, path: str | Path, dst: Path, link: bool = False) -> None:
+        """A copy of the regular file `path` at `dst`, a place of the engine's (with `link`,
+        a hard link where the file system allows): what the kernel found beneath the root,
+        whatever lies at that name a moment later."""
+        fd = self.open_file(path)
+        try:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if link:
+                try:  # linkat of the open file through proc(5): the file itself, not a name
+                    fds = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                    try:
+                        return os.link(str(fd), dst, src_dir_fd=fds, follow_symlinks=True)
+                    finally:
+                        os.close(fds)
+                except OSError:
+                    pass
+            with open(dst, "wb") as out:
+                while chunk := os.read(fd, 1 << 20):
+                    out.write(chunk)
+            os.chmod(dst, stat.S_IMODE(os.fstat(fd).st_mode))
+        finally:
+            os.close(fd)
+
+    def readlink(self, path: str | Path) -> str:
+        """What the link `path` says, read, never followed."""
+        parts = self._rel(path)
+        fd = self._dir(parts[:-1])
+        try:
+            return os.readlink(parts[-1], dir_fd=fd)
+        finally:
+            os.close(fd)
+
+    def listdir(self, path: str | Path = "") -> list[tuple[str, bool]]:
+        """The folder's entries (name, whether a folder), reached without a link."""
+        fd = self._dir(self._rel(path) if str(path) not in ("", ".") else ())
+        try:
+            return [(name, stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode))
+                    for name in os.listdir(fd)]
+        finally:
+            os.close(fd)
+
+    def files(self, path: str | Path = "", links: bool = False) -> Iterator[tuple[str, os.stat_result]]:
+        """Every regular file beneath `path` (relative path, its stat), never through a link;
+        with `links`, the links too (not followed)."""
+        parts = self._rel(path) if str(path) not in ("", ".") else ()
+        try:
+            fd = self._dir(parts)
+        except (OSError, Refused):
+            return
+        prefix = "".join(p + "/" for p in parts)
+        yield from _files(fd, prefix, links)
+
+
+def _files(fd: int, prefix: str, links: bool) -> Iterator[tuple[str, os.stat_result]]:
+    try:
+        with os.scandir(fd) as it:
+            entries = list(it)
+        for entry in entries:
+            st = os.stat(entry.name, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) or (links and stat.S_ISLNK(st.st_mode)):
+                yield prefix + entry.name, st
+            elif stat.S_ISDIR(st.st_mode):
+                try:
+                    sub = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                except OSError:
+                    continue
+                yield from _files(sub, prefix + entry.name + "/", links)
+    finally:
+        os.close(fd)
