@@ -20,8 +20,12 @@ A command inside the sandbox sees:
 - no capabilities (as root, bwrap would otherwise keep them, and a remount would undo the
   read-only binds), and a session of its own (no terminal to push keystrokes into);
 - the workspace read-write, its `.labrun/` read-only, the rest of the file system read-only,
-  except what is hidden: `/run` (the machine's service sockets) and the user's credential
-  stores and Prefect's home (`hidden_paths`);
+  except what is hidden (`hidden_paths`): `/run` (the machine's service sockets), every
+  user's home whatever its files are named (deny by default: shell start-up files, tokens and
+  logins of tools no list knows), the CLIs' and Prefect's homes wherever they lie, and what
+  only root may read (password hashes, the machine's private keys, logs, mail). What the
+  sandbox needs is laid over the covered homes: the workspace, the session's home, /tmp and
+  the Python installation labrun's helpers run on;
 - a private /tmp (a folder of the session's, so that it lasts from one command to the next)
   and a private /dev (with the GPUs);
 and it dies with the engine, however the engine dies.
@@ -39,6 +43,7 @@ import glob
 import json
 import logging
 import os
+import pwd
 import shlex
 import shutil
 import subprocess
@@ -71,11 +76,16 @@ EGRESS_SOCKET = "/run/labrun/egress.sock"
 """Where the egress proxy's socket is bound inside the sandbox."""
 BRIDGE = Path(__file__).with_name("netbridge.py")
 """Run from its text: an installed labrun may lie where the sandbox shows nothing (under /tmp)."""
-CREDENTIAL_STORES = (".ssh", ".aws", ".azure", ".gnupg", ".kube", ".docker", ".netrc", ".git-credentials",
-                     ".npmrc", ".pypirc", ".config/gcloud", ".config/gh", ".claude", ".claude.json", ".codex",
-                     ".gemini", ".prefect")
-"""Under the user's home: what a command has no business reading (and could send out)."""
-HOME_VARIABLES = ("CLAUDE_CONFIG_DIR", "CODEX_HOME", "GEMINI_CLI_HOME", "PREFECT_HOME")
+HOMES = ("/root", "/home")
+"""Every user's home, covered whole: no list of credential stores, which any tool can outgrow."""
+ROOT_SECRETS = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/ssh/ssh_host_*key",
+                 "/etc/ssl/private", "/var/backups", "/var/log", "/var/mail", "/var/spool")
+"""Outside the homes, what only root may read (and a command run as root, with no capabilities,
+still reads what root owns): password hashes and their backups, the machine's private keys,
+its logs and its mail. Nothing a command needs lies there."""
+STORE_VARIABLES = ("CLAUDE_CONFIG_DIR", "CODEX_HOME", "GEMINI_CLI_HOME", "PREFECT_HOME", "PREFECT_PROFILES_PATH")
+"""Variables naming a CLI's home or Prefect's home or profiles (its database holds every
+session's records; its profiles may hold an API key), which may lie outside the homes."""
 CACHE_VARIABLES = {"XDG_CACHE_HOME": "", "PIP_CACHE_DIR": "pip", "UV_CACHE_DIR": "uv", "HF_HOME": "huggingface",
                    "TORCH_HOME": "torch"}
 
@@ -87,13 +97,25 @@ def interpreter() -> str:
     return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
 
 
+def homes() -> list[Path]:
+    """Every user's home (`HOMES`) and this user's wherever it lies: $HOME (`Path.home()`) and
+    the account's, which differ when HOME is moved."""
+    found = [*HOMES, os.environ.get("HOME", "")]
+    try:
+        found.append(pwd.getpwuid(os.getuid()).pw_dir)
+    except KeyError:  # a uid with no account (a container's)
+        pass
+    # A home of / (a container's user) is the system itself: it stays read-only, not covered.
+    return [Path(h) for h in found if h and Path(h) != Path("/")]
+
+
 def hidden_paths() -> list[Path]:
-    """What the sandbox covers up: the credential stores under the home, the CLIs' homes and
-    Prefect's (its database holds every session's records), where they exist."""
-    home = Path.home()
-    paths = [home / name for name in CREDENTIAL_STORES]
-    paths += [Path(os.environ[v]).expanduser() for v in HOME_VARIABLES if os.environ.get(v)]
-    return [p for p in dict.fromkeys(paths) if p.exists()]
+    """What the sandbox covers up, where it exists: the homes, the CLIs' and Prefect's homes
+    wherever their variables put them, and root's secrets; none inside another."""
+    paths = [*homes(), *(Path(os.environ[v]).expanduser() for v in STORE_VARIABLES if os.environ.get(v)),
+             *(Path(p) for pattern in ROOT_SECRETS for p in sorted(glob.glob(pattern)))]
+    paths = [p for p in dict.fromkeys(paths) if p.exists()]
+    return [p for p in paths if not any(q in p.parents for q in paths)]
 
 
 @dataclass(frozen=True)
@@ -134,8 +156,11 @@ class Sandbox:
         for device in sorted(d for pattern in GPU_DEVICES for d in glob.glob(pattern)):
             args += ["--dev-bind", device, device]
         args += ["--proc", "/proc", "--tmpfs", "/run"]
-        args += cover(hidden_paths())  # before the workspace, which may lie in one of them
-        # /tmp before the workspace, which may lie under /tmp itself.
+        # Deny by default: the homes are covered first, and all the sandbox shows is laid over
+        # them (bwrap mounts in the order of its arguments): /tmp, the Python installation of
+        # labrun's helpers (pyenv's, say, under the home), the workspace (which may lie in a
+        # home, or under /tmp itself) and then the session's own home and caches.
+        args += cover(hidden_paths())
         args += ["--bind", str(self.tmp), "/tmp", "--ro-bind", sys.base_prefix, sys.base_prefix,
                  "--bind", str(self.mounted_from or self.workspace), str(self.workspace)]
         for path in self.readonly:
@@ -162,8 +187,8 @@ class Sandbox:
 
 
 def cover(paths: Iterable[Path]) -> list[str]:
-    """bwrap's arguments that cover up `paths`: a folder by an empty one, a file by an empty
-    file."""
+    """bwrap's arguments that cover up `paths`: a folder by an empty one, a file by /dev/null
+    (which cannot be opened there: bwrap's binds are nodev)."""
     args = []
     for path in paths:
         args += ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
@@ -209,8 +234,8 @@ def guarded(sandbox: Sandbox | None) -> list[str]:
     (Claude Code's lets its Bash write anywhere the user can). The file system is read-only
     but for the workspace, the sandbox's /tmp and its writable folders (the CLI's own home);
     the workspace's read-only folders (`.labrun/`, the engine's records) stay read-only, and
-    its hidden files (a sealed evaluation's) are covered. The credential stores stay: the
-    CLI's own login is among them."""
+    its hidden files (a sealed evaluation's) are covered. The homes stay readable, unlike in
+    the sandbox (`hidden_paths`): the CLI's own login lies in the user's."""
     if sandbox is None:
         return []
     sandbox.tmp.mkdir(parents=True, exist_ok=True)

@@ -30,6 +30,7 @@ import yaml
 
 from support import DEMO_IDEA, require_bubblewrap, wait_for
 from web_host import serving
+from labrun import sandbox
 from labrun.mcp_tools import ToolServer
 from labrun.phases import BY_KEY
 from labrun.phases.phase import toolbox
@@ -256,6 +257,57 @@ def test_pip_and_uv_install_into_a_workspace_venv_with_the_sessions_caches(tmp_p
         cache = s.ws.data / "cache"
         assert f"HOME={cache / 'home'}" in out
         assert any((cache / "uv").iterdir()), "uv wrote its cache elsewhere"
+    finally:
+        s.close()
+
+
+PLANTED = (".bashrc", ".profile", ".cache/huggingface/token", ".huggingface/token", ".kaggle/kaggle.json",
+           ".git-credentials", ".config/git/credentials", ".somethingnew/secret")
+"""Where tools keep keys in a home: none of them on a list of the sandbox's (the last one on no list at all)."""
+
+
+@pytest.fixture
+def home(monkeypatch):
+    """A user's home with a secret in each of `PLANTED`, and HOME pointing at it. Outside /tmp,
+    whose paths the sandbox's private /tmp hides anyway."""
+    home = Path("/var/tmp") / f"labrun-home-{uuid.uuid4().hex}"
+    for name in PLANTED:
+        (home / name).parent.mkdir(parents=True, exist_ok=True)
+        (home / name).write_text(f"export LEAKED_KEY=planted-{uuid.uuid4().hex}\n")
+    monkeypatch.setenv("HOME", str(home))
+    assert Path.home() == home
+    try:
+        yield home
+    finally:
+        shutil.rmtree(home)
+
+
+def test_no_file_of_a_home_is_readable_whatever_its_name_and_a_workspace_in_it_works(home, monkeypatch):
+    secrets = {name: (home / name).read_text().split("=")[1].strip() for name in PLANTED}
+    s = Session.open(home / "research" / "ws", DEMO_IDEA, "scripted")
+    try:
+        box = toolbox(s, BY_KEY["experiments"])
+        attack = (f"cat {' '.join(str(home / name) for name in PLANTED)}; grep -rsh planted- {home}; "
+                  "echo SHADOW $(grep -c ^root: /etc/shadow)")
+        with monkeypatch.context() as weak:  # the sandbox as it was: the homes shown but for a list of stores
+            weak.setattr(sandbox, "hidden_paths", lambda: [])
+            shown = box.call("bash", {"command": attack}).content
+        assert all(secret in shown for secret in secrets.values()), shown
+        assert ("SHADOW 1" in shown) == (os.geteuid() == 0), shown  # root reads its own files, capabilities or not
+
+        out = box.call("bash", {"command": attack}).content
+        assert not [name for name, secret in secrets.items() if secret in out], out
+        assert "planted-" not in out and "SHADOW 1" not in out, out
+
+        # The workspace, though in the home, is the command's: writable, its .labrun/ read-only.
+        wheels = probe_wheel(s.ws.root / "wheels").parent
+        out = box.call("bash", {"command": (
+            "echo kept > made.txt; touch .labrun/escaped.txt; "
+            f"python3 -m venv .venv && .venv/bin/pip install --no-index --find-links {wheels} labrun-probe -q && "
+            ".venv/bin/python -c 'import labrun_probe; print(\"pip:\", labrun_probe.VALUE)'")}).content
+        assert "pip: 42" in out, out
+        assert (s.ws.root / "made.txt").read_text() == "kept\n"
+        assert not (s.ws.data / "escaped.txt").exists()
     finally:
         s.close()
 

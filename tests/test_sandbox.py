@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import psutil
 import pytest
@@ -89,6 +90,19 @@ def test_a_command_cannot_write_outside_the_workspace(session, tmp_path):
         for path in (home_file, str(beside), "/remounted"):
             if os.path.exists(path):
                 os.unlink(path)
+
+
+@needs_bwrap
+def test_the_python_of_labruns_helpers_runs_though_the_home_it_lies_in_is_covered(session, monkeypatch):
+    """As pyenv's does (`~/.pyenv`): the sandbox covers the home and shows the installation
+    again, read-only, for the bridge to the egress proxy and the hand-over of secrets."""
+    installation = Path(sys.base_prefix)
+    monkeypatch.setenv("HOME", str(installation))
+    assert [p for p in sandbox.hidden_paths() if p == installation or p in installation.parents]
+    out = bash(session, f"{sandbox.interpreter()} -I -c 'import ssl, json; print(6 * 7)'; "
+                        f"touch {installation}/written && echo wrote")
+    assert "42" in out and "wrote" not in out, out
+    assert session.sandbox().network, "the bridge, run by that Python, was not tried"
 
 
 # (A coding CLI in labrun's PID namespace has the same lifeline; its bwrap builds so little

@@ -126,9 +126,15 @@ class GeminiAgent(CliAgent):
         cli = [*launcher, *cli]
         if plan.secrets is not None:
             cli = plan.secrets.handed_to(cli)
+        # Shown wherever they lie, since the sandbox covers the homes (where nvm and npm's user
+        # prefix install): the CLI's package with its dependencies (the node_modules it lies in),
+        # the folder it was named in, and the node copy's.
+        script = Path(launcher[-1])
+        installed = script.resolve()
+        shown = dict.fromkeys([next((p for p in installed.parents if p.name == "node_modules"), installed.parent),
+                               script.parent, *(Path(p).parent for p in launcher[:-1])])
         # no_proxy: none, so that its calls to those endpoints on the loopback go through the proxy too
-        node_copy = (Path(launcher[0]).parent,) if len(launcher) > 1 else ()  # shown wherever it lies
-        return replace(plan.sandbox, readonly=(*plan.sandbox.readonly, *node_copy),
+        return replace(plan.sandbox, readonly=(*plan.sandbox.readonly, *shown),
                        writable=(*plan.sandbox.writable, home), no_proxy="").wrap(cli, plan.lifeline)
 
     def api_url(self) -> str:
