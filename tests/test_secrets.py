@@ -210,12 +210,11 @@ def test_every_covered_encoding_of_a_secret_is_redacted_wherever_it_stands(secre
             core = core.translate(str.maketrans("+/", "-_"))
         encoded = encode(head + data + tail).decode()
         printed += [(before + encoded + after, core), (before + encoded.rstrip("=") + after, core)]
-    wrapped = base64.encodebytes(head + data + tail).decode()
-    printed.append((before + wrapped + after, _b64_core(data, head)))
+    wrapped = before + base64.encodebytes(head + data + tail).decode() + after  # lines of 76
     with patch.dict(os.environ, {"FUZZ_API_KEY": secret}):
         for text, encoded in printed:
-            out = redact(text)
-            assert encoded not in out.replace("\n", "") if text.count("\n") > 1 else encoded not in out, text
+            assert encoded not in redact(text), text
+        assert _b64_core(data, head) not in redact(wrapped).replace("\n", ""), wrapped
 
 
 def test_a_value_too_short_to_be_a_secret_is_left_in_every_encoding(monkeypatch):
