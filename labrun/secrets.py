@@ -2,16 +2,19 @@
 
 Two rules, both exact enough never to touch an ordinary word or file name: the values of
 the environment's secret variables (a name with a part such as KEY, TOKEN or PASSWORD, or a
-name `declare`d secret: the keys a session's experiments are given), and strings in the
-shape of a credential with a known prefix, standing as a word of their own.
+name `declare`d secret: the keys a session's experiments are given), as they are and in the
+encodings a command prints them in (`ENCODINGS`), and strings in the shape of a credential
+with a known prefix, standing as a word of their own.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import re
 from functools import lru_cache
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from labrun.settings import settings
 
@@ -67,17 +70,91 @@ def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
     return sorted(values, key=len, reverse=True)
 
 
-def _values_pattern(values: list[str]) -> re.Pattern[str] | None:
-    if not values:
+Form = tuple[str, bool]
+"""A regular expression for one way a value is printed, and whether a short value's match
+must stand as a word (what is cut from a longer encoding, such as base64, cannot)."""
+
+_WRAP = r"(?:\r?\n)?"  # base64, openssl and xxd -p wrap their output at 60 to 76 characters
+
+
+def _wrapped(encoded: str) -> str:
+    return _WRAP.join(re.escape(c) for c in encoded)
+
+
+def literal(value: str) -> list[Form]:
+    return [(re.escape(value), True)]
+
+
+def backwards(value: str) -> list[Form]:
+    return [(re.escape(value[::-1]), True)]
+
+
+_UNRESERVED = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._")
+
+
+def escaped(value: str) -> list[Form]:
+    """As a URL (percent-encoded, fully or in part, a space also as '+') or a JSON string
+    holds it: each character other than letters, digits and -._ in any of its spellings."""
+    if set(value) <= _UNRESERVED:
+        return []  # nothing to escape: the literal
+    chars = []
+    for c in value:
+        if c in _UNRESERVED:
+            chars.append(re.escape(c))
+            continue
+        spellings = [re.escape(c), "(?i:" + "".join(f"%{b:02x}" for b in c.encode()) + ")"]
+        if c == " ":
+            spellings.append(r"\+")
+        if json.dumps(c)[1:-1] != c:
+            spellings.append("(?i:" + re.escape(json.dumps(c)[1:-1]) + ")")
+        chars.append("(?:" + "|".join(spellings) + ")")
+    return [("".join(chars), True)]
+
+
+def in_hex(value: str) -> list[Form]:
+    """Its UTF-8 bytes in hex, either case, wrapped or not."""
+    return [("(?i:" + _wrapped(value.encode().hex()) + ")", False)]
+
+
+def in_base64(value: str) -> list[Form]:
+    """Base64, standard or URL-safe, padded or not, wrapped or not, alone or inside the
+    base64 of a longer string. Such a string puts the value at one of three offsets in its
+    3-byte groups; at each, the characters that hold only the value's bits are the same
+    whatever surrounds it. Those are matched; the one at each end that also holds a
+    neighbour's bits is not (it is left, telling little)."""
+    data = value.encode()
+    forms = []
+    for offset in range(3):
+        encoded = base64.b64encode(bytes(offset) + data).decode()
+        first = -(-8 * offset // 6)  # the first 6-bit group that starts in the value
+        last = 8 * (offset + len(data)) // 6  # the end of the last one that ends in it
+        core = encoded[first:last]
+        for spelling in {core, core.translate(str.maketrans("+/", "-_"))}:
+            forms.append((_wrapped(spelling), False))
+    return forms
+
+
+ENCODINGS: tuple[Callable[[str], list[Form]], ...] = (literal, escaped, backwards, in_hex, in_base64)
+"""Each a way a value may be printed (`print(key[::-1])`, `base64 <<< $KEY`); all are redacted."""
+
+
+@lru_cache(maxsize=16)
+def _values_pattern(values: tuple[str, ...],
+                    encodings: tuple[Callable[[str], list[Form]], ...]) -> re.Pattern[str] | None:
+    """One pattern for every form of every value, compiled once per set of values: redact
+    runs on every tool result and log line. Longer forms come first, so that where two start
+    at the same place the longer one is cut."""
+    forms = {(pattern, word and len(value) < WORD_SAFE_CHARS)
+             for value in values for encoding in encodings for pattern, word in encoding(value)}
+    if not forms:
         return None
-    alternatives = [
-        re.escape(v) if len(v) >= WORD_SAFE_CHARS else _START + re.escape(v) + _END for v in values
-    ]
+    alternatives = [_START + pattern + _END if word else pattern
+                    for pattern, word in sorted(forms, key=lambda f: len(f[0]), reverse=True)]
     return re.compile("|".join(alternatives))
 
 
 def redact(text: str) -> str:
-    values = _values_pattern(secret_values())
+    values = _values_pattern(tuple(secret_values()), ENCODINGS)
     if values is not None:
         text = values.sub(REDACTED, text)
     return SECRET_SHAPES.sub(REDACTED, text)

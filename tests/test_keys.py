@@ -5,6 +5,7 @@ nothing else; their values are redacted from everything written; a resume keeps 
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import subprocess
@@ -27,19 +28,28 @@ STUDY_KEY = "study-key-4d1c9e0b7a6f5e3d2c1b0a99"  # named by the idea (a name th
 ACCESS = "access-8f7e6d5c4b3a29180716aa"  # passed with --pass-env (a name that says nothing)
 NOT_PASSED = "ghp_" + "N0tPassedN0tPassedN0tPassedN0tPass3d"  # in the engine's environment only
 NAMES = ("STUDY_API_KEY", "SERVICE_ACCESS", "OTHER_GITHUB_TOKEN")
-PROBE = f'''"""What a command of this session sees of the keys: a digest of each, and each printed."""
-import hashlib, json, os, sys
+PROBE = f'''"""What a command of this session sees of the keys: a digest of each, and each printed,
+as it is and encoded."""
+import base64, hashlib, json, os, sys
 names = {list(NAMES)!r}
 os.makedirs("results", exist_ok=True)
 seen = {{n: hashlib.sha256(os.environ[n].encode()).hexdigest() if n in os.environ else None for n in names}}
 json.dump(seen, open(f"results/keys-{{sys.argv[1]}}.json", "w"))
 for n in names:
     print(n, "=", os.environ.get(n, "(unset)"))
+    value = os.environ.get(n, "").encode()
+    print(n, "in hex =", value.hex(), "in base64 =", base64.b64encode(value).decode())
 '''
 
 
 def digest(value: str) -> str:
     return hashlib.sha256(value.encode()).hexdigest()
+
+
+def printed(value: str) -> list[str]:
+    """The value and its encodings as the probe prints them (base64 less its last, mixed
+    character and padding)."""
+    return [value, value.encode().hex(), base64.b64encode(value.encode()).decode()[:-3]]
 
 
 class KeyProber(AutoResearcher):
@@ -97,6 +107,7 @@ def test_keys_reach_the_experiments_commands_only_and_a_resume_keeps_them(tmp_pa
     # The printed values were redacted from the output the model read...
     sent = json.dumps([r["body"] for r in api.requests])
     assert f"STUDY_API_KEY = {REDACTED}" in sent and f"SERVICE_ACCESS = {REDACTED}" in sent
+    assert f"STUDY_API_KEY in hex = {REDACTED} in base64 = {REDACTED}" in sent
     assert "OTHER_GITHUB_TOKEN = (unset)" in sent
     # ...and the model was told which keys the runs have, by name.
     planning = next(r["body"] for r in api.requests if "# Phase 1 of 6: planning" in r["body"]["system"][0]["text"])
@@ -108,7 +119,7 @@ def test_keys_reach_the_experiments_commands_only_and_a_resume_keeps_them(tmp_pa
                              [a.data for a in client.read_artifacts()], default=str)
     written = [p.read_text(errors="replace") for p in [ws / "STATE.md", *ws.rglob("*")] if p.is_file()]
     assert any(REDACTED in text for text in written)
-    for value in (STUDY_KEY, ACCESS, NOT_PASSED):
+    for value in [form for key in (STUDY_KEY, ACCESS, NOT_PASSED) for form in printed(key)]:
         assert value not in sent and value not in prefect
         assert not [t for t in written if value in t]
         assert all(value not in r.stdout + r.stderr for r in (first, second, third))
@@ -136,6 +147,7 @@ def test_keys_are_passed_only_to_the_commands_and_redacted_whatever_their_name(m
     assert redact(f"got {plain}") == f"got {plain}"  # an ordinary name: an ordinary value until declared
     declare(["LAB_SERVICE_SETTING"])
     assert redact(f"got {plain}") == f"got {REDACTED}"
+    assert redact(f"got {plain.encode().hex()}") == f"got {REDACTED}"  # and as a command may print it
     assert "LAB_SERVICE_SETTING" not in scrubbed_env()  # a declared secret: only where it is passed
     assert scrubbed_env(["LAB_SERVICE_SETTING"])["LAB_SERVICE_SETTING"] == plain
 
