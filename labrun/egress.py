@@ -92,7 +92,7 @@ def refusal(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, own) -> str | Non
     special-purpose registries) and none is one of `own`, the machine's."""
     if ip in LOCAL_NAT64:
         return f"{ip} is local-use NAT64, not a global internet address"
-    for a in carried(ip):
+    for a in reversed(carried(ip)):  # what it carries first: the more telling refusal
         said = str(ip) if a == ip else f"{ip} carries {a}, which"
         if a in own:
             return f"{said} is an address of this machine"
@@ -128,7 +128,10 @@ def checked_address(host: str, port: int, domains: list[str] | None, endpoints: 
         why = refusal(ip, own)
         if why is None:
             return str(ip)
-    said = why if why.startswith(f"{host} ") else f"{host}: {why}"  # a name, or an address written otherwise
+    try:
+        said = why if ipaddress.ip_address(host) == ip else f"{host}: {why}"
+    except ValueError:  # a name
+        said = f"{host}: {why}"
     raise Refused(f"{said}; the sandbox reaches only hosts on the internet")
 
 
