@@ -8,13 +8,14 @@ proxy's Unix socket bound in, a bridge inside listens on the sandbox's own loopb
 HTTPS, curl and the Hugging Face hub work as usual.
 
 The proxy is proxy.py (abhinavsingh/proxy.py: HTTP forwarding and CONNECT tunnels, no TLS
-interception) with one plugin (`labrun.egress_proxy`, the proxy's own process). It resolves the name a client asked for,
-refuses every address that is not out on the internet (loopback, link-local with the cloud
-metadata address, private, carrier-grade NAT, multicast, unspecified, and the machine's own
-addresses, IPv4 inside IPv6 included) and connects to the address it checked, so a name
-that resolves differently a moment later (DNS rebinding) gains nothing. A session may narrow
-egress to a list of domains (the idea's `constraints.allowed_domains`): a domain admits
-itself and its subdomains.
+interception) with one plugin (`labrun.egress_proxy`, the proxy's own process). It resolves the
+name a client asked for and connects only to an address out on the internet: one rule, allow by
+construction (`refusal`), so a range nobody listed (benchmarking, documentation, reserved) is
+refused as surely as loopback. The rule is judged on the exact address the proxy then connects
+to, so a name that resolves differently a moment later (DNS rebinding) gains nothing, and
+against the machine's addresses as they are at that moment, so one added to an interface after
+the proxy started is refused too. A session may narrow egress to a list of domains (the idea's
+`constraints.allowed_domains`): a domain admits itself and its subdomains.
 
 A coding CLI that runs inside the sandbox (Gemini CLI) must still reach its model API and
 labrun's MCP server, both maybe on the engine's loopback: the engine names those exact
@@ -40,12 +41,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterable
 
-BLOCKED_NETWORKS = tuple(ipaddress.ip_network(n) for n in (
-    "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
-    "192.168.0.0/16", "224.0.0.0/4", "240.0.0.0/4",
-    "::/128", "::1/128", "fc00::/7", "fe80::/10", "ff00::/8",
-))
-"""Never reachable from the sandbox: the machine and the networks beside it, not the internet."""
 DOMAINS_VAR = "LABRUN_EGRESS_DOMAINS"
 """JSON list of the domains a session may reach; unset means any."""
 IDLE_TIMEOUT_S = 3600
@@ -62,35 +57,47 @@ class Refused(Exception):
     """Why the proxy will not connect, in words the agent can act on."""
 
 
-def own_addresses() -> set[ipaddress._BaseAddress]:
+def own_addresses() -> set[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """This machine's addresses now: read for each connection, since one added to an interface
+    after the proxy started is the machine's all the same."""
     import psutil
 
-    found = set()
-    for addrs in psutil.net_if_addrs().values():
-        for a in addrs:
-            if a.family in (socket.AF_INET, socket.AF_INET6):
-                found.add(ipaddress.ip_address(a.address.split("%")[0]))
-    return found
+    return {ipaddress.ip_address(a.address.split("%")[0])
+            for addrs in psutil.net_if_addrs().values() for a in addrs
+            if a.family in (socket.AF_INET, socket.AF_INET6)}
 
 
-def embedded_ipv4(ip: ipaddress._BaseAddress) -> ipaddress.IPv4Address | None:
-    """The IPv4 address an IPv6 one carries (mapped, 6to4, NAT64), which is what it reaches."""
-    if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped:
-            return ip.ipv4_mapped
-        if ip.sixtofour:
-            return ip.sixtofour
-        if ip in ipaddress.ip_network("64:ff9b::/96"):
-            return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-    return None
+LOW_32_BITS = (ipaddress.ip_network("::/96"), ipaddress.ip_network("64:ff9b::/96"))
+"""IPv6 prefixes whose addresses carry an IPv4 address in their last 32 bits: IPv4-compatible
+(a kernel may tunnel them) and NAT64's well-known prefix."""
+LOCAL_NAT64 = ipaddress.ip_network("64:ff9b:1::/48")
+"""NAT64 for local use (RFC 8215): where it carries the IPv4 address is the operator's choice,
+so it cannot be judged. Python before 3.11.10 and 3.12.4 calls it global; IANA does not."""
 
 
-def address_refusal(ip: ipaddress._BaseAddress, own: set) -> str | None:
-    for candidate in filter(None, (ip, embedded_ipv4(ip))):
-        if candidate in own:
-            return "an address of this machine"
-        if any(candidate in net for net in BLOCKED_NETWORKS):
-            return "a loopback, private or link-local address"
+def carried(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> list:
+    """`ip` and the IPv4 addresses it carries (mapped, IPv4-compatible, NAT64, 6to4, Teredo's
+    server and client): a connection to it may reach any of them."""
+    if ip.version == 4:
+        return [ip]
+    inner = [ip.ipv4_mapped, ip.sixtofour, *(ip.teredo or ())]
+    if any(ip in net for net in LOW_32_BITS):
+        inner.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+    return [ip, *filter(None, inner)]
+
+
+def refusal(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, own) -> str | None:
+    """Why the sandbox may not connect to `ip`, or None. The one rule: `ip` and every address it
+    carries are unicast addresses on the internet (`is_global`: Python's copy of IANA's
+    special-purpose registries) and none is one of `own`, the machine's."""
+    if ip in LOCAL_NAT64:
+        return f"{ip} is local-use NAT64, not a global internet address"
+    for a in reversed(carried(ip)):  # what it carries first: the more telling refusal
+        said = str(ip) if a == ip else f"{ip} carries {a}, which"
+        if a in own:
+            return f"{said} is an address of this machine"
+        if not a.is_global or a.is_multicast:  # is_global admits multicast, which is no host
+            return f"{said} is not a global internet address"
     return None
 
 
@@ -101,10 +108,10 @@ def domain_allowed(host: str, domains: Iterable[str] | None) -> bool:
     return any(host == d or host.endswith("." + d) for d in domains)
 
 
-def checked_address(host: str, port: int, domains: list[str] | None, own: set,
-                    endpoints: Iterable[str] = ()) -> str:
-    """The address to connect to for `host`, or `Refused` saying why not. `endpoints`: the
-    `host:port`s the engine named, reached whatever their address."""
+def checked_address(host: str, port: int, domains: list[str] | None, endpoints: Iterable[str] = ()) -> str:
+    """The address to connect to for `host`, or `Refused` saying why not; call it just before
+    connecting, and connect to what it returns. `endpoints`: the `host:port`s the engine named,
+    reached whatever their address."""
     named = f"{host.lower()}:{port}" in endpoints
     if not named and not domain_allowed(host, domains):
         raise Refused(f"{host} is not among this session's allowed domains ({', '.join(domains)})")
@@ -114,13 +121,18 @@ def checked_address(host: str, port: int, domains: list[str] | None, own: set,
         raise Refused(f"{host} does not resolve ({e.strerror})") from None
     if named:
         return infos[0][4][0]
+    own = own_addresses()
     why = None
     for *_, sockaddr in infos:
         ip = ipaddress.ip_address(sockaddr[0].split("%")[0])
-        why = address_refusal(ip, own)
+        why = refusal(ip, own)
         if why is None:
             return str(ip)
-    raise Refused(f"{host} is {why}: the sandbox reaches only the internet")
+    try:
+        said = why if ipaddress.ip_address(host) == ip else f"{host}: {why}"
+    except ValueError:  # a name
+        said = f"{host}: {why}"
+    raise Refused(f"{said}; the sandbox reaches only hosts on the internet")
 
 
 ENDPOINTS_FILE = "endpoints.json"
@@ -143,10 +155,10 @@ def allow_endpoints(proxy_socket: Path, urls: Iterable[str]) -> None:
 
 
 @lru_cache(maxsize=1)
-def policy() -> tuple[list[str] | None, frozenset]:
-    """In the proxy's process: the session's domains (None: any) and this machine's addresses."""
+def session_domains() -> list[str] | None:
+    """In the proxy's process: the session's domains (None: any)."""
     raw = os.environ.get(DOMAINS_VAR)
-    return (None if raw is None else json.loads(raw)), frozenset(own_addresses())
+    return None if raw is None else json.loads(raw)
 
 
 def named_endpoints(folder: Path) -> list[str]:

@@ -18,25 +18,36 @@ from proxy import main as proxy_main
 from proxy.http.exception import HttpRequestRejected
 from proxy.http.proxy import HttpProxyBasePlugin
 
-from labrun.egress import Refused, checked_address, named_endpoints, policy
+from labrun.egress import Refused, checked_address, named_endpoints, session_domains
 
 
 class EgressFilter(HttpProxyBasePlugin):
-    """proxy.py's hook: check the address before connecting, then connect to that address."""
+    """proxy.py's hook: judge the address just before connecting, then connect to that address.
+
+    proxy.py calls `before_upstream_connection` and then, in the same call, `resolve_dns` and
+    connect: the check is made at connect time, on the address connected to (a refusal can only
+    be answered in words from the first hook)."""
+
+    checked: tuple[str, int, str] | None = None
 
     def before_upstream_connection(self, request):
-        domains, own = policy()
-        host, port = request.host.decode().strip("[]"), request.port
+        host, port = request.host.decode(), request.port
+        self.checked = None
         try:
-            self.checked = checked_address(host, port, domains, own,
-                                           named_endpoints(Path(self.flags.unix_socket_path).parent))
+            address = checked_address(host.strip("[]"), port, session_domains(),
+                                      named_endpoints(Path(self.flags.unix_socket_path).parent))
         except Refused as e:
             raise HttpRequestRejected(status_code=403, reason=b"Forbidden",
                                       body=f"labrun sandbox: {e}\n".encode()) from None
+        self.checked = (host, port, address)
         return request
 
     def resolve_dns(self, host: str, port: int):
-        return getattr(self, "checked", None), None
+        # Only the address just checked for this very host and port: never let proxy.py
+        # resolve a name itself (None would).
+        if self.checked is None or self.checked[:2] != (host, port):
+            raise Refused(f"{host}:{port} was not checked")
+        return self.checked[2], None
 
 
 def main() -> None:

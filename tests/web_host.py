@@ -2,8 +2,10 @@
 
 Agent commands reach only the internet, through labrun's egress proxy, never this machine's
 loopback. So where bubblewrap sandboxes them, the test host is a network namespace made here,
-joined to this one by a veth pair on a documentation prefix (198.51.100.0/24): no packet
-leaves the machine, and the proxy lets it through as it would a host on the internet. That
+joined to this one by a veth pair on a prefix that is global but used by no one: 192.88.99.0/24,
+6to4's relay anycast, deprecated by RFC 7526. The proxy admits only global addresses (a
+documentation prefix would be refused), and a route through the veth keeps every packet on the
+machine. That
 needs root and iproute2; without them the test skips (in CI it fails: CI has both). Where
 commands run unsandboxed (no bubblewrap), the folder is served on the loopback.
 """
@@ -44,7 +46,7 @@ def serving(folder: Path, probe: str) -> Iterator[str]:
     tag = uuid.uuid4().hex[:6]
     ns, here, there = f"lrt-{tag}", f"lrh{tag}", f"lrp{tag}"
     subnet = 4 * (int(tag, 16) % 60 + 1)  # a /30 of the prefix, so that runs side by side differ
-    host_ip, peer_ip = f"198.51.100.{subnet + 1}", f"198.51.100.{subnet + 2}"
+    host_ip, peer_ip = f"192.88.99.{subnet + 1}", f"192.88.99.{subnet + 2}"
 
     def sh(*cmd: str) -> None:
         subprocess.run(cmd, check=True, capture_output=True)
