@@ -32,6 +32,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from labrun import latex
 from labrun.snapshot import entry_digest
+from labrun.wsfs import Beneath
 
 SOURCE = re.compile(r"[\w./-]*\w\.(?:py|sh|bash|r|R|jl|ipynb|js|ts|lean|m|cpp|cc|c|rs|go|java|scala|pl|rb|lua)\b")
 MODULE = re.compile(r"\bpython\d?(?:\.\d+)?\s+(?:-\w+\s+)*-m\s+([\w.]+)")
@@ -88,7 +89,7 @@ class Evidence:
             return {}
         return {k: v for k, v in attempt.metrics.items() if not literal_in(attempt.command, v)}
 
-    def measured_files(self, outside: Iterable[str] = ()) -> list[Path]:
+    def measured_files(self, outside: Iterable[str] = ()) -> list[str]:
         """The files that hold what a computing attempt wrote, as it wrote them (`outside`:
         files and folders left out: the write-up itself, and the paper's folder, whose build
         logs echo its text)."""
@@ -104,13 +105,13 @@ class Evidence:
                     continue  # an environment, a folder left out, or a copy of what was there
                 if entry_digest(self.root, rel) == digest:
                     found[rel] = None
-        return [self.root / rel for rel in found]
+        return list(found)
 
     def numbers(self, outside: Iterable[str] = ()) -> latex.Numbers:
         metrics = [float(v) for a in self.attempts for v in self.measured(a).values()
                    if isinstance(v, (int, float)) and not isinstance(v, bool)]
         stated = [float(v) for text in self.stated for v in latex.RESULT_NUMBER.findall(text)]
-        return latex.Numbers([*latex.Numbers.in_files(self.measured_files(outside)).values, *metrics, *stated])
+        return latex.Numbers([*latex.Numbers.in_files(Beneath(self.root), self.measured_files(outside)).values, *metrics, *stated])
 
 
 def markdown_numbers(text: str) -> list[latex.Stated]:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from labrun.wsfs import Beneath
+
 COMMENT = re.compile(r"(?<!\\)%.*$", re.M)
 INPUT = re.compile(r"\\(?:input|include)\s*\{([^}]+)\}")
 GRAPHICS = re.compile(r"\\includegraphics\s*(?:\[[^\]]*\])?\s*\{([^}]+)\}")
@@ -52,9 +54,9 @@ def toolchain() -> str | None:
     return latexmk if latexmk and shutil.which("pdflatex", path=path) else None
 
 
-def text(path: Path) -> str:
-    """A .tex file without its comments."""
-    return COMMENT.sub("", path.read_text(errors="replace"))
+def uncommented(source: str) -> str:
+    """A .tex file's text without its comments."""
+    return COMMENT.sub("", source)
 
 
 def body(source: str) -> str:
@@ -126,13 +128,17 @@ class Numbers:
         self.values = sorted(v for v in values if math.isfinite(v))
 
     @classmethod
-    def in_files(cls, paths: Iterable[Path]) -> "Numbers":
+    def in_files(cls, files: Beneath, paths: Iterable[str]) -> "Numbers":
+        """The numbers in the text files `paths`, beneath `files` (read without following a link)."""
         values = []
         for path in paths:
-            if path.is_file() and path.suffix.lower() in TEXT_SUFFIXES:
-                with open(path, "rb") as f:
-                    data = f.read(MAX_RESULT_BYTES).decode(errors="replace")
-                values += [float(v) for v in RESULT_NUMBER.findall(data)]
+            if Path(path).suffix.lower() not in TEXT_SUFFIXES:
+                continue
+            try:
+                data = files.read_bytes(path, MAX_RESULT_BYTES).decode(errors="replace")
+            except (OSError, ValueError):  # gone, or not a file reached without a link
+                continue
+            values += [float(v) for v in RESULT_NUMBER.findall(data)]
         return cls(values)
 
     def _near(self, value: float, tolerance: float) -> bool:

@@ -13,6 +13,7 @@ A session's style is fixed when it starts: `--paper-style`, else the idea's
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -71,23 +72,27 @@ def setup(session: "Session") -> dict[str, Any]:
     give the paper phase's templates what they need: the style, whether TeX is installed
     here, and the command that compiles the paper."""
     style = load_style(session.state.paper_style or DEFAULT_STYLE)
-    target = session.ws.root / FOLDER
-    (target / "sections").mkdir(parents=True, exist_ok=True)
-    (target / "figures").mkdir(parents=True, exist_ok=True)
+    files = session.ws.files  # the agent's folder: never through a link it planted
+    for folder in ("sections", "figures"):
+        try:
+            os.close(files.mkdirs(f"{FOLDER}/{folder}"))
+        except (OSError, ValueError):
+            pass  # a link or a file there: the paper's rule says what is missing
     env = Environment(loader=FileSystemLoader(style.folder), undefined=StrictUndefined,
                       keep_trailing_newline=True, autoescape=False)
     installed = []
     for source in style.files:
         name = source.name.removesuffix(".j2")
-        path = target / name
-        installed.append(f"{FOLDER}/{name}")
-        if path.exists():
-            continue
-        if source.suffix == ".j2":
-            path.write_text(env.get_template(source.name).render(
-                title=tex_escape(session.idea.title), author=author_line(session.state.agent)))
-        else:
-            path.write_bytes(source.read_bytes())
+        path = f"{FOLDER}/{name}"
+        installed.append(path)
+        text = env.get_template(source.name).render(title=tex_escape(session.idea.title),
+                                                    author=author_line(session.state.agent)) \
+            if source.suffix == ".j2" else source.read_bytes()
+        try:
+            if files.lstat(path) is None:
+                files.write(path, text)
+        except (OSError, ValueError):
+            pass  # a link or a folder in the way: the paper's rule says what is missing
     return {"paper_style": style, "style_files": installed, "tex": latex.toolchain(),
             "compile_command": COMPILE, "main": MAIN}
 

@@ -14,11 +14,14 @@ The idea's evaluation criteria are numbered C1, C2, … in the order the idea li
 from __future__ import annotations
 
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterable, Literal, Sequence
 
 from pydantic import BaseModel, Field
+
+from labrun.wsfs import Beneath, Refused
 
 CRITERION_PREFIX = "C"
 MAX_ID_CHARS = 40
@@ -233,8 +236,11 @@ def summary(plan: Plan | None, attempts: Sequence[Any], root: Path) -> dict[str,
 
 def output_exists(root: Path, path: str) -> bool:
     """A planned output counts once it is a file with something in it."""
-    full = root / path
-    return full.is_file() and full.stat().st_size > 0
+    try:
+        st = Beneath(root).lstat(path)
+    except Refused:
+        return False
+    return st is not None and stat.S_ISREG(st.st_mode) and st.st_size > 0
 
 
 def _status(attempt: Any) -> str:

@@ -20,6 +20,7 @@ import yaml
 from labrun import latex, toollog
 from labrun.evidence import CITED, Evidence, markdown_numbers
 from labrun.plan import Plan, coverage, normal_path, output_exists, seeds_asked
+from labrun.wsfs import Beneath, Refused
 
 IDEA_COPY = ".labrun/idea.yaml"
 """The session's copy of its idea, in the workspace."""
@@ -59,10 +60,18 @@ class Work:
     def idea_text(self) -> str:
         return self.text_of(IDEA_COPY) or ""
 
-    def text_of(self, path: str) -> str | None:
-        """The text of the workspace's file `path`, or None when there is none."""
-        file = self.root / path
-        return file.read_text(errors="replace") if file.is_file() else None
+    @cached_property
+    def fs(self) -> Beneath:
+        """The workspace, read without following the agent's links (`labrun.wsfs`)."""
+        return Beneath(self.root)
+
+    def text_of(self, path: str | Path) -> str | None:
+        """The text of the workspace's file `path`, or None when there is none (or only a
+        link to one)."""
+        try:
+            return self.fs.read_text(path, errors="replace")
+        except (OSError, Refused):
+            return None
 
     @cached_property
     def evidence(self) -> Evidence:
@@ -92,7 +101,7 @@ class Files:
         object.__setattr__(self, "paths", paths)
 
     def missing(self, work: Work) -> list[str]:
-        return [f"file {p}" for p in self.paths if not (work.root / p).is_file()]
+        return [f"file {p}" for p in self.paths if not work.fs.is_file(p)]
 
     def describe(self) -> str:
         return " and ".join(f"`{p}` exists" for p in self.paths)
@@ -189,7 +198,7 @@ class CitesFetchedSource:
     MARKER: ClassVar[str] = "No source could be fetched:"
 
     def missing(self, work: Work) -> list[str]:
-        texts = [(work.root / f).read_text(errors="replace") for f in self.files if (work.root / f).is_file()]
+        texts = [t for f in self.files if (t := work.text_of(f)) is not None]
         cited = set().union(*(toollog.cited(t) for t in texts))
         if work.log is not None and cited & toollog.fetched(work.log, work.own_attempts()):
             return []
@@ -220,28 +229,28 @@ class LatexPaper:
     fields: ClassVar[tuple[str, ...]] = ()
 
     def missing(self, work: Work) -> list[str]:
-        main = work.root / self.main
-        if not main.is_file():
+        tex = lambda path: latex.uncommented(work.text_of(path) or "")  # noqa: E731
+        if not work.fs.is_file(self.main):
             return []  # `Files` says so
-        folder = main.parent
+        folder = os.path.dirname(self.main)
         problems = []
-        if "\\begin{document}" not in latex.text(main):
+        if "\\begin{document}" not in tex(self.main):
             problems.append(f"{self.main} has no \\begin{{document}}")
-        sources, queue = [main], [main]
+        sources, queue = [self.main], [self.main]
         while queue:  # the files \input, as TeX finds them from the main file's folder
-            for name in latex.inputs(latex.text(queue.pop(0))):
-                path = folder / (name if name.endswith(".tex") else f"{name}.tex")
-                if not path.is_file() or not latex.text(path).strip():
-                    problems.append(f"{os.path.relpath(path, work.root)} (\\input by the paper) is missing or empty")
+            for name in latex.inputs(tex(queue.pop(0))):
+                path = os.path.normpath(os.path.join(folder, name if name.endswith(".tex") else f"{name}.tex"))
+                if path.startswith("..") or not work.fs.is_file(path) or not tex(path).strip():
+                    problems.append(f"{path} (\\input by the paper) is missing or empty")
                 elif path not in sources and len(sources) < 200:
                     sources.append(path)
                     queue.append(path)
-        used = "".join(latex.text(p) for p in sources)
+        used = "".join(tex(p) for p in sources)
         for name in latex.graphics(used):
-            if not any((folder / f"{name}{ext}").is_file() for ext in ("", ".pdf", ".png", ".jpg")):
+            if not any(work.fs.is_file(os.path.normpath(os.path.join(folder, f"{name}{ext}")))
+                       for ext in ("", ".pdf", ".png", ".jpg")):
                 problems.append(f"figure {name} (in \\includegraphics) is not there")
-        bib = work.root / self.bib
-        known = latex.bib_keys(bib.read_text(errors="replace")) if bib.is_file() else set()
+        known = latex.bib_keys(work.text_of(self.bib) or "")
         unknown = sorted(latex.cite_keys(used) - known)
         if unknown:
             problems.append(f"citation keys not in {self.bib}: {', '.join(unknown[:8])}")
@@ -269,12 +278,11 @@ class TracedNumbers:
     def stated(self, work: Work) -> list[tuple[Path, Any]]:
         found = []
         for p in self.paths:
-            full = work.root / p
-            if full.is_dir():
-                found += [(f, n) for f in sorted(full.rglob("*.tex"))
-                          for n in latex.stated_numbers(latex.body(latex.text(f)))]
-            elif full.is_file():
-                found += [(full, n) for n in markdown_numbers(full.read_text(errors="replace"))]
+            if work.fs.is_dir(p):
+                found += [(work.root / f, n) for f in sorted(f for f, _ in work.fs.files(p) if f.endswith(".tex"))
+                          for n in latex.stated_numbers(latex.body(latex.uncommented(work.text_of(f) or "")))]
+            elif (text := work.text_of(p)) is not None:
+                found += [(work.root / p, n) for n in markdown_numbers(text)]
         return found
 
     def missing(self, work: Work) -> list[str]:
@@ -524,8 +532,7 @@ class SaysWhatFailed:
     def missing(self, work: Work) -> list[str]:
         if not work.plan.negative_outcome:
             return []
-        file = work.root / self.path
-        if file.is_file() and self.HEADING.search(file.read_text(errors="replace")):
+        if self.HEADING.search(work.text_of(self.path) or ""):
             return []
         return [f"a section of {self.path} headed \"What failed and why\" (the experiments closed as a negative outcome)"]
 
@@ -580,17 +587,19 @@ class PinnedEnvironment:
                           "whose comment says so and names the Python version")
 
     def missing(self, work: Work) -> list[str]:
-        if any((work.root / name).is_file() and (work.root / name).stat().st_size for name in LOCK_FILES):
+        if any(work.text_of(name) for name in LOCK_FILES):
             return []
-        files = sorted(work.root.glob("requirements*.txt")) + sorted(work.root.glob("environment.y*ml"))
+        names = [n for n, is_dir in sorted(work.fs.listdir()) if not is_dir]
+        files = [n for n in names if re.fullmatch(r"requirements.*\.txt", n)] + \
+            [n for n in names if re.fullmatch(r"environment\.ya?ml", n)]
         if not files:
             return [self.HOW]
-        problems = [p for f in files for p in self._loose(f)]
+        problems = [p for f in files for p in self._loose(f, work.text_of(f) or "")]
         return [f"{'; '.join(problems[:3])}: {self.HOW}"] if problems else []
 
     @staticmethod
-    def _loose(path: Path) -> list[str]:
-        text = path.read_text(errors="replace")
+    def _loose(name: str, text: str) -> list[str]:
+        path = Path(name)
         if path.suffix in (".yml", ".yaml"):
             try:
                 found = (yaml.safe_load(text) or {}).get("dependencies") or []

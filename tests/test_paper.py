@@ -17,6 +17,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_messages_api import web_fetch  # noqa: E402
+from labrun.workspace import Workspace  # noqa: E402
 
 from labrun import latex, paper  # noqa: E402
 from labrun.journal import Conversation  # noqa: E402
@@ -49,7 +50,7 @@ def no_tex(tmp_path, monkeypatch):
 
 def session_for(root: Path, style: str = "plain", agent: str = "anthropic") -> NS:
     root.mkdir(parents=True, exist_ok=True)
-    return NS(ws=NS(root=root), state=NS(paper_style=style, agent=agent),
+    return NS(ws=Workspace(root), state=NS(paper_style=style, agent=agent),
               idea=NS(title="Averaging 100% of k_i measurements & more"))
 
 
