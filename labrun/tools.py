@@ -279,7 +279,12 @@ def attempt_tail(log: Path, chars: int = 3000) -> str:
 
 def parse_metrics(path: Path) -> dict[str, Any]:
     """A JSON object of metrics, nested keys joined with dots."""
-    data = json.loads(path.read_text())
+    return metrics_from(path.read_bytes())
+
+
+def metrics_from(text: str | bytes) -> dict[str, Any]:
+    """`parse_metrics` of a file's text, read by the caller."""
+    data = json.loads(text)
     if not isinstance(data, dict):
         raise ValueError("the metrics file must hold a JSON object")
     flat: dict[str, Any] = {}
