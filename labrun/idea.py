@@ -357,8 +357,9 @@ class Idea(_Section):
 
     def as_prompt_dict(self) -> dict[str, Any]:
         """The idea as plain data (str, numbers, lists, dicts) for prompt templates; no None."""
+        # where the sealed files are is not the agent's
         return self.model_dump(mode="json", exclude_none=True,
-                               exclude={"sealed_evaluation": {"scorer", "python", "data"}})  # where they are is not the agent's
+                               exclude={"sealed_evaluation": {"scorer", "python", "data"}})
 
 
 class _IdeaFile(BaseModel):

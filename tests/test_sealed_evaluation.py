@@ -220,7 +220,8 @@ def test_the_idea_can_name_the_python_of_its_scorer(sealed_dir, tmp_path, prefec
     (sealed_dir / "eval/score.py").write_text(
         "import json, os, sys\njson.dump({'named': int(os.environ.get('NAMED', 0))}, open(sys.argv[3], 'w'))\n")
     idea = sealed_dir / "named.yaml"
-    idea.write_text((sealed_dir / "idea.yaml").read_text().replace("    scorer:", "    python: py/bin/python\n    scorer:"))
+    text = (sealed_dir / "idea.yaml").read_text()
+    idea.write_text(text.replace("    scorer:", "    python: py/bin/python\n    scorer:"))
     s = Session.open(tmp_path / "ws", idea, "scripted")
     try:
         (s.ws.root / "results").mkdir()
