@@ -246,9 +246,13 @@ class SealedEvaluation(_Section):
     artifact with them after the experiments (`labrun.sealed`)."""
 
     scorer: str
-    """A program (`.py` runs with the workspace's `.venv` Python, else `python3`), relative to
-    the idea file or absolute, outside the workspace. It is run as `scorer ARTIFACT DATA
-    SCORE_JSON` and writes its scores, a JSON object of numbers, to SCORE_JSON."""
+    """A program (a `.py` one runs with `python`), relative to the idea file or absolute,
+    outside the workspace. It is run as `scorer ARTIFACT DATA SCORE_JSON` and writes its
+    scores, a JSON object of numbers, to SCORE_JSON."""
+    python: str | None = None
+    """The Python a `.py` scorer runs with (one with the packages it imports), relative to the
+    idea file or absolute, outside the workspace and not under /tmp; labrun's own Python
+    unless set. Never the workspace's: the agent could write that one."""
     data: str | None = None
     """The held-out data, a file or a folder, relative to the idea file or absolute."""
     artifact: Annotated[str, BeforeValidator(_inside_path)]
@@ -353,8 +357,9 @@ class Idea(_Section):
 
     def as_prompt_dict(self) -> dict[str, Any]:
         """The idea as plain data (str, numbers, lists, dicts) for prompt templates; no None."""
+        # where the sealed files are is not the agent's
         return self.model_dump(mode="json", exclude_none=True,
-                               exclude={"sealed_evaluation": {"scorer", "data"}})  # where they are is not the agent's
+                               exclude={"sealed_evaluation": {"scorer", "python", "data"}})
 
 
 class _IdeaFile(BaseModel):

@@ -56,20 +56,37 @@ def seal(idea: Idea, idea_path: Path, workspace: Path | None) -> Sealed | None:
             raise IdeaError(where, [f"{where}: sealed_evaluation.{field}: {path} must lie outside the workspace "
                                     f"({workspace}), which the agent reads"])
         files[field] = path
+    python = interpreter_named(wanted.python, Path(idea_path), workspace, where)
     if bubblewrap() is None:
         raise IdeaError(where, [f"{where}: sealed_evaluation needs bubblewrap to hide the scorer and its data "
                                 f"from the agent's commands; {HOW_TO_INSTALL}"])
     return Sealed(scorer=str(files["scorer"]), data=str(files["data"]) if "data" in files else None,
-                  artifact=wanted.artifact, digests={str(p): digest(p) for p in files.values()})
+                  python=python, artifact=wanted.artifact, digests={str(p): digest(p) for p in files.values()})
 
 
-def hidden(sealed: Sealed | None, scoring: Path) -> tuple[Path, ...]:
-    """What the agent's sandboxes cover up: the sealed files, and `scoring`, the folder of the
-    scorer's run (its log may echo the held-out data), made here if need be."""
+def interpreter_named(value: str | None, idea_path: Path, workspace: Path | None, where: str) -> str | None:
+    """The absolute path of `sealed_evaluation.python` (None if unset). Its links are kept: a
+    virtual environment's `bin/python` is one, and finds its packages by where it lies."""
+    if value is None:
+        return None
+    path = Path(os.path.abspath(Path(idea_path).resolve().parent / Path(value).expanduser()))
+    why = None
+    if not path.is_file() or not os.access(path, os.X_OK):
+        why = "is not there (a program)"
+    elif workspace is not None and any(p == workspace or workspace in p.parents for p in (path, path.resolve())):
+        why = f"must lie outside the workspace ({workspace}), which the agent writes"
+    elif Path("/tmp") in path.parents:
+        why = "must not lie under /tmp, which the scorer's sandbox has of its own"
+    if why:
+        raise IdeaError(where, [f"{where}: sealed_evaluation.python: {path} {why}"])
+    return str(path)
+
+
+def hidden(sealed: Sealed | None) -> tuple[Path, ...]:
+    """What the agent's sandboxes cover up: the sealed files."""
     if sealed is None:
         return ()
-    scoring.mkdir(parents=True, exist_ok=True)
-    return (*(Path(p) for p in (sealed.scorer, sealed.data) if p), scoring)
+    return tuple(Path(p) for p in (sealed.scorer, sealed.data) if p)
 
 
 def tampered(sealed: Sealed) -> str | None:

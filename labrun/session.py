@@ -432,7 +432,7 @@ class Session:
                     self._egress.start()
                 egress = self._egress.socket
         return Sandbox(self.ws.root, self.ws.data / "sandbox" / "tmp", (self.ws.data,), network,
-                       cache=self.ws.data / "cache", egress=egress, hidden=hidden(self.state.sealed, self.ws.sealed))
+                       cache=self.ws.data / "cache", egress=egress, hidden=hidden(self.state.sealed))
 
     @property
     def time_limit_s(self) -> int:

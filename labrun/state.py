@@ -77,6 +77,8 @@ class Sealed(BaseModel):
 
     scorer: str
     data: str | None = None
+    python: str | None = None
+    """The Python a `.py` scorer runs with; None: labrun's own."""
     artifact: str
     """The workspace file it scores."""
     digests: dict[str, str]

@@ -42,8 +42,6 @@ class Workspace:
         self.attempts = self.data / "attempts"
         self.kept = self.data / "kept"
         """Copies of the files the attempts started from, by digest (`snapshot.keep_copies`)."""
-        self.sealed = self.data / "sealed"
-        """The folder of the sealed scorer's run (`phases.sealed_scoring`), hidden from the agent."""
         self._lock_fd: int | None = None
 
     def write(self, path: Path | str, text: str) -> None:

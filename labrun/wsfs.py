@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import hashlib
 import os
 import platform
 import secrets
@@ -284,10 +285,16 @@ class Beneath:
                         os.close(fds)
                 except OSError:
                     pass
-            with open(dst, "wb") as out:
-                while chunk := os.read(fd, 1 << 20):
-                    out.write(chunk)
-            os.chmod(dst, stat.S_IMODE(os.fstat(fd).st_mode))
+            _copy(fd, dst)
+        finally:
+            os.close(fd)
+
+    def copy(self, path: str | Path, dst: Path) -> tuple[str, os.stat_result]:
+        """Copy the regular file `path` to `dst`, a new file of the engine's: its sha256 and
+        its stat, as read."""
+        fd = self.open_file(path)
+        try:
+            return _copy(fd, dst), os.fstat(fd)
         finally:
             os.close(fd)
 
@@ -319,6 +326,17 @@ class Beneath:
             return
         prefix = "".join(p + "/" for p in parts)
         yield from _files(fd, prefix, links)
+
+
+def _copy(fd: int, dst: Path) -> str:
+    """The open file's bytes into `dst`, with its mode; their sha256."""
+    h = hashlib.sha256()
+    with open(dst, "wb") as out:
+        while chunk := os.read(fd, 1 << 20):
+            h.update(chunk)
+            out.write(chunk)
+    os.chmod(dst, stat.S_IMODE(os.fstat(fd).st_mode))
+    return h.hexdigest()
 
 
 def _files(fd: int, prefix: str, links: bool) -> Iterator[tuple[str, os.stat_result]]:

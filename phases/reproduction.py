@@ -3,13 +3,18 @@ again each SUCCESS attempt that a criterion judged met cites, and records whethe
 metrics came out the same.
 
 - **From the sources as that attempt found them.** Each rerun starts from a copy of the
-  workspace rebuilt from the files kept when the attempt started (`snapshot.keep_copies`),
-  not from the workspace as it is now: what the attempt wrote, and every later edit, are not
-  there. Environments (`.venv/`) are shown read-only as they are now; a file too big to keep
-  is used if it is unchanged.
+  workspace rebuilt from the files kept when the attempt started (`snapshot.keep_copies`,
+  `.labrun/kept/` by digest, checked as copied), not from the workspace as it is now: what
+  the attempt wrote, and every later edit, are not there. A file too big to keep is copied
+  from the workspace if it is unchanged. Environments (`.venv/`) are shown read-only as they
+  are now, but only a real folder reached through real folders: one that is now a link (to a
+  credential store, to held-out data) or gone is SKIPPED, saying so. Nothing of the
+  workspace is read through a link.
 - **In a fresh sandbox**, with the same command: the copy is bound at the workspace's own
-  path, so the command sees the paths it saw, with a /tmp of its own; the workspace itself is
-  out of its reach.
+  path, so the command sees the paths it saw, with a /tmp and a home and caches of its own,
+  made anew (not the session's `.labrun/cache/`, where the agent's runs could have left a
+  result to replay); the workspace itself is out of its reach. The metrics file it writes is
+  read without following a link.
 - **Compared within a stated tolerance**: each metric the attempt recorded, as numbers within
   a relative difference of `constraints.reproduce_tolerance` (0.001 unless set), anything
   else exactly.
@@ -32,6 +37,7 @@ import json
 import math
 import os
 import shutil
+import stat
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -46,9 +52,10 @@ from labrun.evidence import CITED
 from labrun.sandbox import bubblewrap
 from labrun.prefect_processes import identified
 from labrun.session import Session
-from labrun.snapshot import CACHE_MARKER, ENVIRONMENT_MARKERS, ENVIRONMENT_NAMES, SKIPPED_NAMES, entry_digest
+from labrun.snapshot import CACHE_MARKER, ENVIRONMENT_MARKERS, ENVIRONMENT_NAMES, SKIPPED_NAMES
 from labrun.state import Attempt, Reproduction
 from labrun.tools import parse_metrics
+from labrun.wsfs import Beneath, Refused
 from labrun.workspace import write_json
 
 DEFAULT_MINUTES = 60.0
@@ -116,7 +123,7 @@ def rerun(session: Session, attempt: Attempt, left_s: float, tolerance: float) -
     log = place / "output.log"
     sandbox = None
     if bubblewrap() is not None:
-        sandbox = replace(session.sandbox(), mounted_from=copy, tmp=place / "tmp",
+        sandbox = replace(session.sandbox(), mounted_from=copy, tmp=place / "tmp", cache=place / "home",
                           readonly=tuple(session.ws.root / e for e in environments))
     limit_s = min(session.time_limit_s, left_s)
     result = run_command(attempt.command, copy, log, timeout_s=limit_s, max_output_bytes=200_000_000,
@@ -129,9 +136,9 @@ def rerun(session: Session, attempt: Attempt, left_s: float, tolerance: float) -
     if result.exit_code != 0:
         why = "it timed out" if result.timed_out else f"exit code {result.exit_code}"
         return Reproduction(status="DIVERGED", detail=f"the rerun failed ({why}); see its log", **recorded)
-    try:
-        metrics = parse_metrics((copy / attempt.metrics_file).read_text()) if attempt.metrics_file else {}
-    except (OSError, ValueError) as e:
+    try:  # the rerun's code wrote it: a link to the workspace's file would replay the attempt's numbers
+        metrics = parse_metrics(Beneath(copy).read_text(attempt.metrics_file)) if attempt.metrics_file else {}
+    except (OSError, ValueError) as e:  # Refused is a ValueError
         return Reproduction(status="DIVERGED", detail=f"the rerun wrote no readable {attempt.metrics_file} ({e})",
                             **recorded)
     differences = compare(attempt.metrics, metrics, tolerance)
@@ -174,36 +181,61 @@ def rebuild(session: Session, attempt: Attempt, place: Path) -> tuple[Path, list
     before = (session.attempt_files(attempt.n) or {}).get("before")
     if before is None:
         return copy, [], f"attempt {attempt.n} has no record of the files it started from"
-    environments = []
-    for folder in folders(root):  # empty ones too (a `results/` the code writes into): a snapshot lists files
+    environments = [rel.rstrip("/") for rel in before if rel.endswith("/")]
+    for folder in folders(root, environments):  # empty ones too (a `results/` the code writes into)
         (copy / folder).mkdir(parents=True, exist_ok=True)
-    for rel, digest in before.items():
-        target = copy / rel.rstrip("/")
-        if rel.endswith("/"):  # an environment: the sandbox binds it over an empty folder
-            environments.append(rel.rstrip("/"))
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if bubblewrap() is None:
-                target.symlink_to(root / rel)
-            else:
-                target.mkdir()
-            continue
-        kept = session.ws.kept / digest
-        source = kept if kept.is_file() else root / rel if entry_digest(root, rel) == digest else None
-        if source is None:
-            return copy, environments, f"{rel} has changed since attempt {attempt.n} and no copy of it was kept"
+    for rel in environments:  # bound in whole over an empty folder, read-only
+        if not session.ws.files.is_dir(rel):
+            return copy, environments, (f"the environment {rel}/ is not shown to the rerun: it is gone, or a link, "
+                                        "or beneath one")
+        target = copy / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, target)
-        if (root / rel).exists():
-            shutil.copymode(root / rel, target)  # a script run as ./run.sh
+        if bubblewrap() is None:  # unsandboxed, the rerun reaches all the user can anyway
+            target.symlink_to(root / rel)
+        else:
+            target.mkdir()
+    for rel, digest in before.items():
+        if rel.endswith("/"):
+            continue
+        target = copy / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not fetch(session, rel, digest, target):
+            return copy, environments, f"{rel} has changed since attempt {attempt.n} and no copy of it was kept"
     return copy, environments, None
 
 
-def folders(root: Path) -> list[str]:
-    """The workspace's folders now, as `snapshot.workspace_files` walks it: no environment
+def fetch(session: Session, rel: str, digest: str, target: Path) -> bool:
+    """`rel` as the attempt found it, in `target`: its kept copy, else the workspace's file if
+    unchanged; with the workspace's file's mode (a script run as `./run.sh`)."""
+    found = False
+    for folder, name in ((session.ws.kept, digest), (session.ws.root, rel)):
+        try:
+            sha, st = Beneath(folder).copy(name, target)
+        except (OSError, Refused):
+            continue
+        if digest in (sha, f"stat:{st.st_size}:{st.st_mtime_ns}"):
+            found = True
+            break
+    if not found:
+        target.unlink(missing_ok=True)
+        return False
+    try:
+        st = session.ws.files.lstat(rel)
+    except Refused:
+        return True
+    if st is not None and stat.S_ISREG(st.st_mode):
+        os.chmod(target, stat.S_IMODE(st.st_mode))
+    return True
+
+
+def folders(root: Path, environments: list[str]) -> list[str]:
+    """The workspace's folders now, as `snapshot.workspace_files` walks it: no link, environment
     (it is bound in whole), cache or engine folder."""
     found = []
     for path, names, _ in os.walk(root):
         names[:] = [n for n in names if n not in SKIPPED_NAMES and n not in ENVIRONMENT_NAMES
+                    and not os.path.islink(os.path.join(path, n))
+                    and os.path.relpath(os.path.join(path, n), root) not in environments
                     and not any(os.path.exists(os.path.join(path, n, m)) for m in (*ENVIRONMENT_MARKERS, CACHE_MARKER))]
         found += [os.path.relpath(os.path.join(path, n), root) for n in names]
     return found

@@ -2,36 +2,44 @@
 them), the engine scores the artifact the idea's `sealed_evaluation` names with its scorer
 and held-out data (`labrun.sealed`).
 
-- **In a sandbox of its own**, without network: the workspace read-only at its path, the
+- **Apart from the workspace**: the artifact is copied, read without following a link (a
+  link is refused: it could point at the held-out data itself), into a private folder of the
+  engine's under the machine's /tmp, which no sandbox of the agent's shows and the agent's
+  editor refuses, and which is removed once scored: the scorer's log, which may echo the
+  held-out data, is kept nowhere.
+- **In a sandbox of its own**, without network: that copy alone at the workspace's path, the
   scorer and the data read-only under `/tmp/labrun-sealed/`, a fresh /tmp. It runs as
-  `scorer ARTIFACT DATA /tmp/labrun-score.json` (a `.py` scorer with the workspace's `.venv`
-  Python when there is one, else `python3`), and the score file's numbers are the scores.
+  `scorer ARTIFACT DATA /tmp/labrun-score.json` (a `.py` scorer with the idea's
+  `sealed_evaluation.python`, else labrun's own Python: never one the agent could write),
+  and the score file's numbers are the scores.
 - **Refused if tampered**: a scorer or data that changed since the session started is not
   run, and the session records REFUSED, saying which.
 - **Recorded** once per artifact (its digest): SCORED with the scores, FAILED with why
-  (no artifact, the scorer failed, no score file), or REFUSED; in STATE.md, `status --json`,
-  the UI's STATE.md artifact, and REPORT.md's header.
+  (no artifact, a link, the scorer failed, no score file), or REFUSED; in STATE.md,
+  `status --json`, the UI's STATE.md artifact, and REPORT.md's header.
 - **Durable**: a Prefect subtask cached by session and artifact digest, committed eagerly;
   a kill during it scores again on resume.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
-from dataclasses import replace
+import tempfile
 from pathlib import Path
 
 from prefect import task
 from prefect.transactions import CommitMode, transaction
 
+from labrun.wsfs import Beneath, Refused
 from labrun.commands import run_command
 from labrun.crashpoints import crashpoint
-from labrun.sandbox import bubblewrap
+from labrun.sandbox import Sandbox, bubblewrap, interpreter
 from labrun.sealed import tampered
 from labrun.session import Session
 from labrun.snapshot import entry_digest
-from labrun.state import SealedScore
+from labrun.state import Sealed, SealedScore
 from labrun.tools import parse_metrics
 
 INSIDE = Path("/tmp/labrun-sealed")
@@ -44,7 +52,7 @@ def score_sealed(session: Session) -> None:
     sealed = session.state.sealed
     if sealed is None:
         return
-    artifact = entry_digest(session.ws.root, sealed.artifact) or "missing"
+    artifact = artifact_digest(session.ws.root, sealed.artifact)
     if sealed.score is not None and sealed.score.artifact_digest == artifact:
         return
     with transaction(commit_mode=CommitMode.EAGER):
@@ -52,6 +60,12 @@ def score_sealed(session: Session) -> None:
             session_id=session.state.session_id, workspace=str(session.ws.root), artifact_digest=artifact)
     if sealed.score is None or sealed.score.artifact_digest != artifact:  # a cached result, its record lost
         _record(session, SealedScore.model_validate(record))
+
+
+def artifact_digest(root: Path, rel: str) -> str:
+    """The artifact's digest, "missing" when it is not a plain file: never a digest through a
+    link (to the held-out data, it would tell the agent whether a guess of it is right)."""
+    return entry_digest(root, rel) or "missing"  # entry_digest reads through no link
 
 
 def _scoring_key(context, parameters) -> str:
@@ -78,35 +92,45 @@ def score(session: Session) -> SealedScore:
     sealed, root = session.state.sealed, session.ws.root
     if why := tampered(sealed):
         return SealedScore(status="REFUSED", detail=why)
-    if not (root / sealed.artifact).is_file():
-        return SealedScore(status="FAILED", detail=f"the artifact {sealed.artifact} is not there: "
-                           "the experiments did not write it")
     if bubblewrap() is None:
         return SealedScore(status="FAILED", detail="not scored: bubblewrap, which keeps the scorer sealed, "
                            "is not available here")
-    place = session.ws.sealed
-    shutil.rmtree(place, ignore_errors=True)
+    shutil.rmtree(root / ".labrun" / "sealed", ignore_errors=True)  # where earlier versions kept the scorer's log
+    # The machine's /tmp: every sandbox of the agent's, and a coding CLI's namespace, has a /tmp of its own.
+    with tempfile.TemporaryDirectory(prefix="labrun-scoring-", dir="/tmp") as made:
+        return run_scorer(sealed, root, Path(made))
+
+
+def run_scorer(sealed: Sealed, root: Path, place: Path) -> SealedScore:
+    """Score a copy of the artifact in `place`, a private folder the agent cannot reach."""
+    copy = place / "work"
+    (copy / sealed.artifact).parent.mkdir(parents=True)
+    try:
+        Beneath(root).copy(sealed.artifact, copy / sealed.artifact)
+    except FileNotFoundError:
+        return SealedScore(status="FAILED", detail=f"the artifact {sealed.artifact} is not there: "
+                                                   "the experiments did not write it")
+    except (OSError, Refused) as e:  # a link could point at the held-out data
+        why = e if isinstance(e, Refused) else e.strerror
+        return SealedScore(status="FAILED", detail=f"the artifact {sealed.artifact} is not read: {why}")
     scorer, data = Path(sealed.scorer), Path(sealed.data) if sealed.data else None
     shown = ((scorer, INSIDE / scorer.name), *(((data, INSIDE / data.name),) if data else ()))
-    sandbox = replace(session.sandbox(network=False), tmp=place / "tmp", readonly=(root,), cache=None,
-                      hidden=(), shown=shown)
-    python = root / ".venv/bin/python"
-    program = [str(python if python.exists() else "python3")] if scorer.suffix == ".py" else []
+    sandbox = Sandbox(root, place / "tmp", network=False, shown=shown, mounted_from=copy)
+    program = [sealed.python or interpreter()] if scorer.suffix == ".py" else []
     command = shlex.join([*program, str(INSIDE / scorer.name), str(root / sealed.artifact),
                           str(INSIDE / data.name) if data else "", str(SCORE_FILE)])
-    log = place / "output.log"
-    result = run_command(command, root, log, timeout_s=TIME_LIMIT_S, max_output_bytes=50_000_000,
-                         on_start=lambda pgid: crashpoint("scoring"), sandbox=sandbox)
-    recorded = dict(log=str(log.relative_to(root)))
+    result = run_command(command, place, place / "output.log", timeout_s=TIME_LIMIT_S,
+                         max_output_bytes=50_000_000, on_start=lambda pgid: crashpoint("scoring"), sandbox=sandbox)
     if result.exit_code != 0:
         why = "it timed out" if result.timed_out else f"exit code {result.exit_code}"
-        return SealedScore(status="FAILED", detail=f"the scorer failed ({why}); see its log", **recorded)
+        return SealedScore(status="FAILED", detail=f"the scorer failed ({why}); its output is not kept, as it may "
+                           "show the held-out data: run the scorer yourself to see why")
     try:
         scores = parse_metrics((place / "tmp" / SCORE_FILE.name).read_text())
     except (OSError, ValueError) as e:
-        return SealedScore(status="FAILED", detail=f"the scorer wrote no readable score ({e})", **recorded)
+        return SealedScore(status="FAILED", detail=f"the scorer wrote no readable score ({e})")
     shown_scores = ", ".join(f"{k}={v}" for k, v in scores.items()) or "no scores"
-    return SealedScore(status="SCORED", scores=scores, detail=f"{sealed.artifact}: {shown_scores}", **recorded)
+    return SealedScore(status="SCORED", scores=scores, detail=f"{sealed.artifact}: {shown_scores}")
 
 
 def sealed_line(session: Session) -> str | None:

@@ -202,3 +202,98 @@ def test_a_rerun_a_killed_engine_left_running_is_ended_by_its_identity(tmp_path)
     finally:
         left.kill()
         other.kill()
+
+
+needs_bubblewrap = pytest.mark.skipif(bubblewrap() is None, reason="needs bubblewrap: unsandboxed, a rerun runs as "
+                                      "the user, with the user's home, and reaches all the user can anyway")
+
+
+@pytest.fixture
+def credentials(monkeypatch):
+    """A home whose credential store the sandbox hides (under /var/tmp: the sandbox's /tmp is its own)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    home = Path(tempfile.mkdtemp(prefix="labrun-home-", dir="/var/tmp"))
+    (home / ".ssh").mkdir()
+    (home / ".ssh/id_rsa").write_text("PRIVATE-KEY-5e1f\n")
+    monkeypatch.setenv("HOME", str(home))
+    yield home / ".ssh"
+    shutil.rmtree(home, ignore_errors=True)
+
+
+@needs_bubblewrap
+@pytest.mark.parametrize("swap", ["a credential store", "nothing"])
+def test_an_environment_swapped_for_a_link_after_the_attempt_is_not_bound(session, credentials, swap):
+    """After the attempt, the agent replaces its `.venv/` with a link: to a credential store
+    the sandbox hides, or to nothing. Bound as the rerun once bound it, the store shows at
+    `.venv/` and a dangling link stops the engine; now the rerun is SKIPPED, saying why."""
+    from dataclasses import replace
+
+    from labrun.commands import run_command
+
+    planned(session)
+    (session.ws.root / ".venv").mkdir()
+    n = attempt(session, MEASURE, "R1", 0)
+    judged(session, {"C1": n, "C2": n, "C3": n})
+    venv = session.ws.root / ".venv"
+    venv.rmdir()
+    venv.symlink_to(credentials if swap == "a credential store" else session.ws.root / "gone")
+    seen = call(session, "analysis", "bash", command="cat .venv/id_rsa").content
+    assert "PRIVATE-KEY" not in seen, seen  # the agent's own commands do not see it
+
+    weak = session.ws.root.parent / "weak"  # the weak target: a copy with the environment bound as it was
+    (weak / ".venv").mkdir(parents=True)
+    sandbox = replace(session.sandbox(), mounted_from=weak, tmp=weak / "tmp", readonly=(venv,))
+    if swap == "a credential store":
+        out = run_command("cat .venv/id_rsa", weak, weak / "log", 60, 10_000, sandbox=sandbox)
+        assert "PRIVATE-KEY" in out.output, out.output
+    else:
+        with pytest.raises(FileExistsError):
+            run_command("true", weak, weak / "log", 60, 10_000, sandbox=sandbox)
+
+    reproduce(session)
+    record = session.state.attempts[n - 1].reproduction
+    assert record.status == "SKIPPED", record
+    assert record.detail == "not rerun: the environment .venv/ is not shown to the rerun: .venv is a link"
+
+
+@needs_bubblewrap
+def test_a_rerun_does_not_replay_a_result_from_the_agents_cache(session):
+    """A script that keeps its first result in its home and replays it: the agent's attempts
+    share the session's home (`.labrun/cache/`), so a second attempt gives the first one's
+    number; a rerun gets a home of its own, and the unseeded number differs."""
+    replaying = ("import json, os, random, sys\nmemo = os.path.join(os.environ['HOME'], 'memo.json')\n"
+                 "if not os.path.exists(memo):\n    json.dump({'slope': random.random()}, open(memo, 'w'))\n"
+                 "json.dump(json.load(open(memo)), open(f'results/m{sys.argv[1]}.json', 'w'))\n")
+    planned(session)
+    first = attempt(session, replaying, "R1", 0)
+    second = attempt(session, replaying, "R2", 1)
+    recorded = session.state.attempts[second - 1].metrics
+    assert recorded == session.state.attempts[first - 1].metrics  # replayed from the shared home
+    judged(session, {"C1": second, "C2": first, "C3": first})
+    reproduce(session)
+    record = session.state.attempts[second - 1].reproduction
+    assert record.status == "DIVERGED" and record.detail.startswith("slope "), record
+    assert record.metrics["slope"] != recorded["slope"]
+
+
+def test_a_rerun_cannot_link_its_metrics_to_the_attempts(session):
+    """The rerun's code links the metrics file to the workspace's, where the attempt wrote it:
+    read through the link, the engine would compare the attempt's numbers with themselves."""
+    linking = UNSEEDED.replace(
+        "json.dump(", f"import os\nif not os.path.exists('.labrun/kept'):  # the rerun\n"
+        f"    os.symlink({str(session.ws.root)!r} + f'/results/m{{sys.argv[1]}}.json', "
+        "f'results/m{sys.argv[1]}.json'); sys.exit()\njson.dump(", 1)
+    planned(session)
+    n = attempt(session, linking, "R1", 0)
+    judged(session, {"C1": n, "C2": n, "C3": n})
+    reproduce(session)
+    record = session.state.attempts[n - 1].reproduction
+    assert record.status == "DIVERGED", record
+    assert record.detail == "the rerun wrote no readable results/m0.json (results/m0.json is a link)"
+    left = session.ws.data / "reproductions" / f"attempt-{n:03d}" / "work" / "results/m0.json"
+    assert left.is_symlink()  # the weak target: read through the link, the attempt's own numbers
+    from labrun.tools import parse_metrics
+    assert parse_metrics(left.read_text()) == session.state.attempts[n - 1].metrics

@@ -9,8 +9,10 @@ is first shown to work outside the sandbox.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -22,7 +24,8 @@ from test_rule_gaming import call, planned, write
 
 from labrun.idea import IdeaError
 from labrun.phases.report_header import stamp_report
-from labrun.phases.sealed_scoring import score_sealed
+from labrun.phases import sealed_scoring
+from labrun.phases.sealed_scoring import run_scorer, score_sealed
 from labrun.prompts import phase_system_prompt
 from labrun.sandbox import Lifeline, bubblewrap, in_network_namespace, in_pid_namespace
 from labrun.session import Session
@@ -128,10 +131,113 @@ def test_the_engine_scores_the_artifact_and_records_it_beside_the_agents_numbers
     stamp_report(session)
     assert "> **Sealed evaluation: SCORED**, by the engine with the idea's scorer and held-out data, which the " \
            "agent never saw: results/predictions.txt: accuracy=0.5" in (session.ws.root / "REPORT.md").read_text()
-    # the scorer's run, its log included, is out of the agent's sight as well
-    assert SECRET in (session.ws.sealed / "output.log").read_text()
-    seen = call(session, "analysis", "bash", command="cat .labrun/sealed/output.log").content
-    assert SECRET not in seen, seen
+
+
+def test_the_scorers_log_is_kept_where_no_tool_of_the_agents_reaches(session, monkeypatch):
+    """The scorer's log echoes the held-out data. Kept in the workspace's `.labrun/` (as it
+    once was), the agent's editor, which runs in the engine, reads it; the scorer now runs in
+    a private folder under the machine's /tmp, which the editor refuses and the agent's
+    sandbox does not show, removed once scored."""
+    predicted(session)
+    old = session.ws.data / "sealed" / "output.log"
+    old.parent.mkdir()
+    old.write_text(f"truth: {SECRET}\n")
+    assert SECRET in call(session, "analysis", "str_replace_based_edit_tool", command="view",
+                          path=".labrun/sealed/output.log").content  # the weak target: the editor reads it
+
+    places = []
+
+    def watched(sealed, root, place):
+        scored = run_scorer(sealed, root, place)
+        places.append(place)
+        log = place / "output.log"
+        assert SECRET in log.read_text()  # the scorer did echo the held-out data
+        assert oct(place.stat().st_mode & 0o777) == "0o700"
+        said = call(session, "analysis", "str_replace_based_edit_tool", command="view", path=str(log))
+        assert said.is_error and "outside the workspace" in said.content, said.content
+        seen = call(session, "analysis", "bash", command=f"cat {log}; ls {place}").content
+        assert SECRET not in seen and "No such file" in seen, seen
+        return scored
+
+    monkeypatch.setattr(sealed_scoring, "run_scorer", watched)
+    score_sealed(session)
+    assert session.state.sealed.score.status == "SCORED", session.state.sealed.score
+    assert not places[0].exists()  # removed once scored
+    assert not old.parent.exists()  # an earlier version's log is removed too
+    kept = [p for p in session.ws.root.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
+    assert not kept, kept
+
+
+def test_an_artifact_linked_to_the_held_out_data_is_refused(session, sealed_dir):
+    """The agent's commands cannot read the held-out labels, but they can link the artifact to
+    them: read through the link, the scorer compares the labels with themselves."""
+    predicted(session)
+    artifact = session.ws.root / "results/predictions.txt"
+    artifact.unlink()
+    call(session, "analysis", "bash", command=f"ln -s {sealed_dir}/eval/heldout/labels.txt {artifact}")
+    assert artifact.is_symlink()
+    out = session.ws.root / "out.json"  # the weak target: the scorer reading the artifact through the link
+    subprocess.run(["python3", str(sealed_dir / "eval/score.py"), str(artifact), str(sealed_dir / "eval/heldout"),
+                    str(out)], check=True, capture_output=True)
+    assert json.loads(out.read_text()) == {"accuracy": 1.0}
+
+    score_sealed(session)
+    score = session.state.sealed.score
+    assert (score.status, score.scores) == ("FAILED", {}), score
+    assert score.detail == ("the artifact results/predictions.txt is not read: results/predictions.txt is a link; "
+                            "write the file itself")
+    assert score.artifact_digest == "missing"  # no digest of the held-out data through the link
+    # a folder on its way that is a link is refused as well
+    (session.ws.root / "elsewhere").mkdir()
+    (session.ws.root / "elsewhere/predictions.txt").write_text("a b a x")
+    shutil.rmtree(session.ws.root / "results")
+    (session.ws.root / "results").symlink_to(session.ws.root / "elsewhere")
+    assert "results is a link" in sealed_scoring.score(session).detail
+
+
+def test_the_scorer_never_runs_with_a_python_the_agent_wrote(session, sealed_dir):
+    """A `.venv/bin/python` in the workspace that forges the score: the scorer once ran with
+    it; now with labrun's own Python, or the one the idea names."""
+    predicted(session)
+    fake = session.ws.root / ".venv/bin/python"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("#!/bin/sh\necho '{\"accuracy\": 1.0}' > \"$4\"\n")
+    fake.chmod(0o755)
+    out = session.ws.root / "out.json"  # the weak target: the command as it was made
+    subprocess.run([str(fake), str(sealed_dir / "eval/score.py"), "results/predictions.txt",
+                    str(sealed_dir / "eval/heldout"), str(out)], check=True, cwd=session.ws.root)
+    assert json.loads(out.read_text()) == {"accuracy": 1.0}
+
+    score_sealed(session)
+    assert (session.state.sealed.score.status, session.state.sealed.score.scores) == ("SCORED", {"accuracy": 0.5})
+
+
+def test_the_idea_can_name_the_python_of_its_scorer(sealed_dir, tmp_path, prefect_api):
+    named = sealed_dir / "py/bin/python"
+    named.parent.mkdir(parents=True)
+    named.write_text(f"#!/bin/sh\nNAMED=1 exec {sys.executable} \"$@\"\n")
+    named.chmod(0o755)
+    (sealed_dir / "eval/score.py").write_text(
+        "import json, os, sys\njson.dump({'named': int(os.environ.get('NAMED', 0))}, open(sys.argv[3], 'w'))\n")
+    idea = sealed_dir / "named.yaml"
+    text = (sealed_dir / "idea.yaml").read_text()
+    idea.write_text(text.replace("    scorer:", "    python: py/bin/python\n    scorer:"))
+    s = Session.open(tmp_path / "ws", idea, "scripted")
+    try:
+        (s.ws.root / "results").mkdir()
+        assert s.state.sealed.python == str(named)
+        predicted(s)
+        score_sealed(s)
+        assert s.state.sealed.score.scores == {"named": 1}, s.state.sealed.score
+    finally:
+        s.close()
+    inside = tmp_path / "ws2"
+    (inside / "bin").mkdir(parents=True)
+    (inside / "bin/python").write_text("#!/bin/sh\n")
+    (inside / "bin/python").chmod(0o755)
+    idea.write_text(idea.read_text().replace("python: py/bin/python", f"python: {inside}/bin/python"))
+    with pytest.raises(IdeaError, match=r"sealed_evaluation.python: .* must lie outside the workspace"):
+        Session.open(inside, idea, "scripted")
 
 
 def test_a_scorer_changed_during_the_session_is_refused(session, sealed_dir):
