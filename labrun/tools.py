@@ -162,7 +162,7 @@ class ToolBox:
         try:
             rel = agent_path(inp.path, self.root) if inp.path.rstrip("/") != str(self.root) else "."
             if rel != "." and (st := files.lstat(rel)) is not None and stat.S_ISLNK(st.st_mode):
-                raise Refused(f"{rel}: a link; labrun never follows links in the workspace: name the file itself")
+                raise Refused(f"{rel} is a link; labrun follows no link in the workspace")
             if inp.command == "view":
                 return self._view(rel, inp.view_range)
             if rel == "STATE.md":

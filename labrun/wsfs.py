@@ -135,21 +135,22 @@ class Beneath:
             fd = _openat2(root_fd, "/".join(parts), flags, mode)
             return fd if fd is not None else _walk_open(root_fd, parts, flags, mode)
         except OSError as e:
-            if e.errno in (errno.ELOOP, errno.EXDEV) or (e.errno == errno.ENOTDIR and self._has_link(parts)):
-                raise Refused(f"{'/'.join(parts)}: a link (or beneath one); labrun never follows links "
-                              "in the workspace: write the file itself") from None
+            link = self._link_on(parts)
+            if link or e.errno in (errno.ELOOP, errno.EXDEV):
+                raise Refused(f"{link or '/'.join(parts)} is a link; labrun follows no link in the workspace") from None
             raise
         finally:
             os.close(root_fd)
 
-    def _has_link(self, parts: tuple[str, ...]) -> bool:
+    def _link_on(self, parts: tuple[str, ...]) -> str | None:
+        """The first link on the way to `parts`, to say which (the refusal itself is the kernel's)."""
         for i in range(1, len(parts) + 1):
             try:
                 if stat.S_ISLNK(os.lstat(self.root.joinpath(*parts[:i])).st_mode):
-                    return True
+                    return "/".join(parts[:i])
             except OSError:
-                return False
-        return False
+                return None
+        return None
 
     def open_file(self, path: str | Path) -> int:
         """A descriptor of a regular file for reading; `Refused` for anything else (a FIFO,
@@ -157,7 +158,7 @@ class Beneath:
         fd = self.open(path, os.O_RDONLY | os.O_NONBLOCK)
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
-            raise Refused(f"{path}: not a regular file")
+            raise Refused(f"{path} is not a regular file")
         os.set_blocking(fd, True)
         return fd
 
@@ -223,7 +224,7 @@ class Beneath:
                 except OSError as e:
                     if e.errno in (errno.ELOOP, errno.ENOTDIR):
                         raise Refused(f"{path}: {part} is a link or a file, not a folder; "
-                                      "labrun never follows links in the workspace") from None
+                                      "labrun follows no link in the workspace") from None
                     raise
                 os.close(fd)
                 fd = nxt

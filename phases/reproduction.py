@@ -185,9 +185,11 @@ def rebuild(session: Session, attempt: Attempt, place: Path) -> tuple[Path, list
     for folder in folders(root, environments):  # empty ones too (a `results/` the code writes into)
         (copy / folder).mkdir(parents=True, exist_ok=True)
     for rel in environments:  # bound in whole over an empty folder, read-only
-        if not session.ws.files.is_dir(rel):
-            return copy, environments, (f"the environment {rel}/ is not shown to the rerun: it is gone, or a link, "
-                                        "or beneath one")
+        try:
+            os.close(session.ws.files.open(rel, os.O_RDONLY | os.O_DIRECTORY))
+        except (OSError, Refused) as e:
+            why = e if isinstance(e, Refused) else f"{rel} is {'not there' if isinstance(e, FileNotFoundError) else 'no folder'}"
+            return copy, environments, f"the environment {rel}/ is not shown to the rerun: {why}"
         target = copy / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         if bubblewrap() is None:  # unsandboxed, the rerun reaches all the user can anyway

@@ -142,8 +142,9 @@ def test_the_scorers_log_is_kept_where_no_tool_of_the_agents_reaches(session, mo
     old = session.ws.data / "sealed" / "output.log"
     old.parent.mkdir()
     old.write_text(f"truth: {SECRET}\n")
-    assert SECRET in call(session, "analysis", "str_replace_based_edit_tool", command="view",
-                          path=".labrun/sealed/output.log").content  # the weak target: the editor reads it
+    assert SECRET in old.read_text()  # the weak target: an engine that reads the name the agent gives
+    said = call(session, "analysis", "str_replace_based_edit_tool", command="view", path=".labrun/sealed/output.log")
+    assert said.is_error and SECRET not in said.content and "hidden path" in said.content
 
     places = []
 
@@ -185,7 +186,7 @@ def test_an_artifact_linked_to_the_held_out_data_is_refused(session, sealed_dir)
     score = session.state.sealed.score
     assert (score.status, score.scores) == ("FAILED", {}), score
     assert score.detail == ("the artifact results/predictions.txt is not read: results/predictions.txt is a link; "
-                            "write the file itself")
+                            "labrun follows no link in the workspace")
     assert score.artifact_digest == "missing"  # no digest of the held-out data through the link
     # a folder on its way that is a link is refused as well
     (session.ws.root / "elsewhere").mkdir()
