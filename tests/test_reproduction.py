@@ -256,8 +256,8 @@ def test_an_environment_swapped_for_a_link_after_the_attempt_is_not_bound(sessio
     reproduce(session)
     record = session.state.attempts[n - 1].reproduction
     assert record.status == "SKIPPED", record
-    assert record.detail == "not rerun: the environment .venv/ is not shown to the rerun: .venv is a link; "
-                             "labrun follows no link in the workspace"
+    assert record.detail == ("not rerun: the environment .venv/ is not shown to the rerun: .venv is a link; "
+                             "labrun follows no link in the workspace")
 
 
 @needs_bubblewrap
