@@ -1,0 +1,121 @@
+"""Attacks on the engine through a real session: the Anthropic backend's `labrun run` against
+the scripted Messages API, with a hostile model. It plants links where the engine writes
+(STATE.md's and REPORT.md's temporary names, STATE.md itself), names files outside the
+workspace, up with `..`, hidden or linked in every tool argument that takes a path, and leaves
+a FIFO for the engine to read. Each attack is first shown to work on the same files through
+plain path operations (what the engine did before `labrun.wsfs`); then the session completes,
+nothing outside the workspace changed, and no secret reached the model or the records."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from auto_responder import IDEA, AutoResearcher, phase_and_turn  # noqa: E402
+from fake_messages_api import FakeMessagesAPI  # noqa: E402
+from support import assert_complete, labrun  # noqa: E402
+
+SECRET = "sk-outside-0f3c9a7e51d24b6b"
+
+
+def call(n: int, name: str, **inp) -> dict:
+    return {"type": "tool_use", "id": f"toolu_attack{n:02d}", "name": name, "input": inp}
+
+
+class Hostile(AutoResearcher):
+    """The competent stand-in, with one hostile turn first in each phase of `attacks`: the
+    rest of the phase sees the conversation without it and goes on as usual."""
+
+    def __init__(self, attacks: dict[str, list[dict]]):
+        super().__init__()
+        self.attacks = attacks
+        self.results: dict[str, list[dict]] = {}
+
+    def __call__(self, body):
+        phase, turn = phase_and_turn(body)
+        if phase not in self.attacks:
+            return super().__call__(body)
+        if turn == 1:
+            return {"content": [{"type": "text", "text": "Trying a few things first."}, *self.attacks[phase]]}
+        messages = body["messages"]
+        self.results[phase] = [b for b in messages[2]["content"] if b.get("type") == "tool_result"]
+        return super().__call__({**body, "messages": [messages[0], *messages[3:]]})
+
+
+@pytest.fixture
+def outside(tmp_path):
+    """What lies outside the workspace: files the engine must neither write nor read."""
+    place = tmp_path / "outside"
+    place.mkdir()
+    for name in ("victim.pth", "victim-report", "victim-state"):
+        (place / name).write_text("untouched\n")
+    (place / "creds.json").write_text(json.dumps({"token": SECRET}))
+    (place / "notes.txt").write_text(f"token {SECRET}\n")
+    return place
+
+
+def test_a_hostile_model_gains_nothing_through_the_engine(tmp_path, outside, monkeypatch, prefect_api):
+    ws = tmp_path / "ws"
+    plant = "; ".join([
+        f"ln -s {outside}/victim.pth .STATE.md.tmp", f"ln -s {outside}/victim-report .REPORT.md.tmp",
+        f"rm -f STATE.md; ln -s {outside}/victim-state STATE.md", f"ln -s {outside}/notes.txt leak.txt",
+        f"ln -s {outside} leakdir", f"ln -s {outside}/creds.json creds-link.json", "mkfifo fifo.json", "echo planted",
+    ])
+    view = lambda n, path: call(n, "str_replace_based_edit_tool", command="view", path=path)  # noqa: E731
+    planning = [call(1, "bash", command=plant)]
+    planning += [view(2 + i, p) for i, p in enumerate(
+        [f"{outside}/notes.txt", "../outside/notes.txt", "leak.txt", "leakdir/notes.txt", ".labrun/state.json"])]
+    planning += [call(9, "str_replace_based_edit_tool", command="create", path="leakdir/new.txt", file_text="x"),
+                 call(10, "str_replace_based_edit_tool", command="str_replace", path="leak.txt",
+                      old_str="token", new_str="t")]
+    experiment = lambda n, **kw: call(n, "run_experiment", command=f"true probe {n}", purpose="probe",  # noqa: E731
+                                      fix_applied="a new path to try", **kw)
+    experiments = [experiment(1, metrics_file=f"{outside}/creds.json"), experiment(2, metrics_file="../outside/creds.json"),
+                   experiment(3, metrics_file="creds-link.json"), experiment(4, metrics_file="leakdir/creds.json"),
+                   experiment(5, outputs=[".hidden/x"]), experiment(6, outputs=["leakdir/notes.txt"]),
+                   experiment(7, metrics_file="fifo.json"), experiment(8)]  # the last succeeds: the phase goes on
+    model = Hostile({"planning": planning, "experiments": experiments})
+
+    # The weak target: the same names, acted on as plain paths, reach outside.
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "victim").write_text("untouched\n")
+    (probe / ".STATE.md.tmp").symlink_to(probe / "victim")
+    (probe / ".STATE.md.tmp").write_text("written through\n")
+    assert (probe / "victim").read_text() == "written through\n"
+    (probe / "creds-link.json").symlink_to(outside / "creds.json")
+    assert SECRET in (probe / "creds-link.json").read_text()
+
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+    idea = tmp_path / "idea.yaml"
+    idea.write_text(IDEA)
+    with FakeMessagesAPI(default=model, cache_accounting=True) as api:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.url)
+        result = labrun("run", str(idea), "--workspace", str(ws), "--agent", "anthropic", timeout=600)
+        sent = json.dumps([r["body"] for r in api.requests])
+    assert_complete(ws, result)
+
+    assert "planted" in json.dumps(model.results["planning"][0])  # the links were made
+    said = [json.dumps(r) for r in model.results["planning"][1:]]
+    for text, why in zip(said, ["an absolute path outside", "goes up with '..'", "leak.txt is a link",
+                                "leakdir is a link", "hidden path", "leakdir", "leak.txt is a link"]):
+        assert why in text and '"is_error": true' in text, text
+    said = [json.dumps(r) for r in model.results["experiments"]]
+    for text, why in zip(said, ["an absolute path outside", "goes up with '..'", "creds-link.json is a link",
+                                "leakdir is a link", "hidden path", "leakdir/notes.txt is missing", "fifo.json is not a regular file"]):
+        assert why in text, text
+
+    assert all((outside / n).read_text() == "untouched\n" for n in ("victim.pth", "victim-report", "victim-state"))
+    assert not (outside / "new.txt").exists() and (outside / "notes.txt").read_text() == f"token {SECRET}\n"
+    assert not (ws / "STATE.md").is_symlink() and "## " in (ws / "STATE.md").read_text()
+    assert SECRET not in sent  # nothing of it reached the model
+    for folder, _, names in os.walk(ws):  # nor the records (links not followed)
+        for name in names:
+            path = Path(folder, name)
+            if not path.is_symlink() and path.is_file():
+                assert SECRET.encode() not in path.read_bytes(), path
