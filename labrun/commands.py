@@ -1,5 +1,10 @@
 """Running an agent's command: in the workspace, in its own process group, with a timeout,
-bounded output, a scrubbed environment, and inside the sandbox (`labrun.sandbox`)."""
+bounded output, a scrubbed environment, and inside the sandbox (`labrun.sandbox`).
+
+`Execution` is the seam between the engine and a process it starts for the agent: `bash`,
+`run_experiment`, a rerun and the sealed scorer all start theirs through `run_command`, which
+takes one by name (`EXECUTIONS`), so what each sees, hides and may write is what its `Sandbox`
+says, decided in one place (`Session.sandbox`)."""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, ClassVar, Iterable, Protocol
 
 from labrun.sandbox import Lifeline, Sandbox, bubblewrap
 from labrun.secrets import redact, scrubbed_env
@@ -30,6 +35,56 @@ def kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+class Execution(Protocol):
+    """Where an agent's process runs."""
+
+    name: ClassVar[str]
+
+    def start(self, argv: list[str], **popen) -> subprocess.Popen:
+        """`argv` started (with `subprocess.Popen`'s keywords), as this execution runs it."""
+
+    def ended(self) -> None:
+        """After the process ended: let go of what held it."""
+
+
+@dataclass
+class Bubblewrap:
+    """In the sandbox `sandbox` describes, tied to the engine by a lifeline (`labrun.sandbox`)."""
+
+    sandbox: Sandbox
+    name: ClassVar[str] = "bubblewrap"
+
+    def start(self, argv: list[str], **popen) -> subprocess.Popen:
+        self.lifeline = Lifeline()
+        return self.lifeline.popen(self.sandbox.wrap(argv, self.lifeline.fd), **popen)
+
+    def ended(self) -> None:
+        self.lifeline.cut()
+
+
+@dataclass
+class Unsandboxed:
+    """As the user, with only the scrubbed environment: where bubblewrap cannot run (said
+    once, at its first use), and for a session started without a sandbox."""
+
+    sandbox: Sandbox | None = None
+    name: ClassVar[str] = "none"
+
+    def start(self, argv: list[str], **popen) -> subprocess.Popen:
+        return subprocess.Popen(argv, **popen)
+
+    def ended(self) -> None:
+        pass
+
+
+EXECUTIONS: dict[str, type[Bubblewrap] | type[Unsandboxed]] = {e.name: e for e in (Bubblewrap, Unsandboxed)}
+
+
+def execution(sandbox: Sandbox | None) -> Execution:
+    """The execution for `sandbox`: bubblewrap's where it works here, else none."""
+    return EXECUTIONS["bubblewrap" if sandbox is not None and bubblewrap() is not None else "none"](sandbox)
 
 
 running_groups: set[int] = set()
@@ -55,12 +110,10 @@ def run_command(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     argv = ["bash", "-c", command]
     env = scrubbed_env(keys)
-    lifeline = Lifeline() if sandbox is not None and bubblewrap() is not None else None
-    if lifeline:
-        argv = sandbox.wrap(argv, lifeline.fd)
+    runner = execution(sandbox)
     start = time.monotonic()
     with open(log_path, "wb") as log:
-        proc = (lifeline.popen if lifeline else subprocess.Popen)(
+        proc = runner.start(
             argv,
             cwd=cwd,
             env=env,
@@ -90,8 +143,7 @@ def run_command(
         kill_group(proc.pid)
         proc.wait()
         running_groups.discard(proc.pid)
-        if lifeline:
-            lifeline.cut()
+        runner.ended()
     duration = time.monotonic() - start
     _redact_file(log_path)
     with open(log_path, "rb") as f:
