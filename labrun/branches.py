@@ -161,9 +161,9 @@ def archive(session: Session, branch: Branch, status: Callable[[Path], dict[str,
     tmp = final.with_name(f".new-{state.branch}")
     shutil.rmtree(tmp, ignore_errors=True)
     for f in created:
-        _keep(ws, f, tmp / "files" / f, link=True)
+        _keep(ws, f, tmp / "files" / f)
     for f in sorted((set(edited) | key_outputs(state)) - set(created)):
-        _keep(ws, f, tmp / "files" / f)  # stays in the workspace: the next branch may rewrite it in place
+        _keep(ws, f, tmp / "files" / f)
     moved = Usage()
     for key in replaced:
         for path in sorted(ws.phase_dir(key).rglob("*")):
@@ -267,10 +267,11 @@ def key_outputs(state: SessionState) -> set[str]:
     return handed | {a.metrics_file for a in state.attempts if a.status == "SUCCESS" and a.metrics_file}
 
 
-def _keep(ws: Workspace, rel: str, dst: Path, link: bool = False) -> None:
-    """The agent's file (or environment, file by file) `rel` in the archive at `dst`: a hard
-    link for a file that leaves the workspace (no copy of a big one), else a copy; through
-    the workspace's file API, so a link the agent left there brings nothing from elsewhere."""
+def _keep(ws: Workspace, rel: str, dst: Path) -> None:
+    """The agent's file (or environment, file by file) `rel` copied into the archive at `dst`
+    through the workspace's file API, so a link the agent left there brings nothing from
+    elsewhere. A copy, not a hard link: the agent may hold another link to the same file,
+    and change the archive through it."""
     files = list(ws.files.files(rel, links=True)) if rel.endswith("/") else [(rel, None)]
     for name, st in files:
         to = dst / name[len(rel):] if rel.endswith("/") else dst
@@ -279,7 +280,7 @@ def _keep(ws: Workspace, rel: str, dst: Path, link: bool = False) -> None:
                 to.parent.mkdir(parents=True, exist_ok=True)
                 os.symlink(ws.files.readlink(name), to)
             else:
-                ws.files.export(name, to, link=link)
+                ws.files.copy(name, to, digest_up_to=0)
         except (OSError, ValueError):  # gone, or not a regular file reached without a link
             continue
 

@@ -1,9 +1,11 @@
 """What the agent's workspace holds, cheap enough to take at every attempt and phase: one
 digest per file, `rel path → digest`.
 
-- A file's sha256 is reused while its size, mtime and inode are unchanged (a cache in
-  `.labrun/digests.json`), so only new and changed files are read.
-- A file above `LABRUN_HASH_MAX_MB` (64) is never read: its digest is its size and mtime.
+- A file's sha256 is reused while its size, mtime, ctime and inode are unchanged (a cache in
+  `.labrun/digests.json`), so only new and changed files are read. The ctime is the one the
+  agent cannot set back (`touch -d` sets the mtime, and moves the ctime on).
+- A file above `LABRUN_HASH_MAX_MB` (64) is never read: its digest is its size, mtime and
+  ctime (`stat_digest`).
 - Virtual environments and caches are found by their marker files (`pyvenv.cfg`,
   `conda-meta/`, `CACHEDIR.TAG`), not only by their names. A cache is left out; an
   environment is one entry, `env/`, whose digest changes when packages are installed or
@@ -24,7 +26,7 @@ from pathlib import Path
 
 from labrun.settings import settings
 from labrun.workspace import write_json
-from labrun.wsfs import Beneath, Refused
+from labrun.wsfs import MAX_DEPTH, Beneath, Refused
 
 
 def big_file_bytes() -> int:
@@ -57,7 +59,7 @@ def workspace_files(root: Path) -> dict[str, str]:
     cache = _cache_for(root)
     found: dict[str, str] = {}
     cache.start()
-    _walk(os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), root, "", found, cache)
+    _walk(Beneath(root), found, cache)
     found.pop("STATE.md", None)
     cache.finish()
     return found
@@ -114,38 +116,45 @@ def _cache_for(root: Path) -> "DigestCache":
     return _caches[root]
 
 
-def _walk(fd: int, path: Path, rel: str, found: dict[str, str], cache: "DigestCache") -> None:
-    """The folder open at `fd` (closed here), `path` by name, `rel` beneath the root."""
-    try:
-        with os.scandir(fd) as it:
-            entries = [(e.name, os.stat(e.name, dir_fd=fd, follow_symlinks=False)) for e in it]
-    except OSError:  # gone meanwhile, or unreadable: not part of the work
-        os.close(fd)
-        return
-    try:
-        if rel:  # a folder's markers say what it is, whatever its name
+def _walk(files: Beneath, found: dict[str, str], cache: "DigestCache") -> None:
+    """Every folder beneath the root, one open at a time (no recursion: any depth), each
+    reached without a link; a folder's markers say what it is, whatever its name."""
+    todo: list[tuple[str, ...]] = [()]
+    while todo:
+        parts = todo.pop()
+        rel = "".join(p + "/" for p in parts)
+        try:
+            fd = files.open("/".join(parts), os.O_RDONLY | os.O_DIRECTORY) if parts else \
+                os.open(files.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except (OSError, Refused):  # gone meanwhile, swapped for a link, or unreadable: not the work
+            continue
+        try:
+            entries = []
+            for name in os.listdir(fd):
+                try:
+                    entries.append((name, os.stat(name, dir_fd=fd, follow_symlinks=False)))
+                except OSError:
+                    continue
             names = {name for name, _ in entries}
-            if CACHE_MARKER in names:
-                return
-            if names & ENVIRONMENT_MARKERS:
-                found[rel] = environment_digest(path)
-                return
-        for entry, st in entries:
-            name = rel + entry
-            try:
-                if stat.S_ISDIR(st.st_mode):
-                    if entry in ENVIRONMENT_NAMES:
-                        found[name + "/"] = environment_digest(path / entry)
-                    elif entry not in SKIPPED_NAMES:
-                        sub = os.open(entry, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-                        _walk(sub, path / entry, name + "/", found, cache)
-                elif stat.S_ISREG(st.st_mode):
-                    file = os.open(entry, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
-                    found[name] = cache.digest(name, file, os.fstat(file))
-            except OSError:
+            if parts and CACHE_MARKER in names:
                 continue
-    finally:
-        os.close(fd)
+            if parts and names & ENVIRONMENT_MARKERS:
+                found[rel] = environment_digest(files.root.joinpath(*parts))
+                continue
+            for name, st in entries:
+                if stat.S_ISDIR(st.st_mode):
+                    if name in ENVIRONMENT_NAMES:
+                        found[rel + name + "/"] = environment_digest(files.root.joinpath(*parts, name))
+                    elif name not in SKIPPED_NAMES and len(parts) < MAX_DEPTH:
+                        todo.append((*parts, name))
+                elif stat.S_ISREG(st.st_mode):
+                    try:
+                        file = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+                        found[rel + name] = cache.digest(rel + name, file, os.fstat(file))
+                    except OSError:
+                        continue
+        finally:
+            os.close(fd)
 
 
 def environment_digest(path: Path) -> str:
@@ -156,13 +165,18 @@ def environment_digest(path: Path) -> str:
     return "env:" + hashlib.sha256("\n".join(stamps).encode()).hexdigest()[:16]
 
 
+def stat_digest(st: os.stat_result) -> str:
+    """A big file's digest: what its stat says of its contents."""
+    return f"stat:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+
 def file_digest(fd: int, st: os.stat_result) -> str:
     """The digest of the open file `fd` (closed here), whose stat is `st`."""
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(st.st_mode):
             raise OSError("not a regular file")
         if st.st_size > big_file_bytes():
-            return f"stat:{st.st_size}:{st.st_mtime_ns}"
+            return stat_digest(st)
         os.set_blocking(fd, True)
         h = hashlib.sha256()
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -171,7 +185,7 @@ def file_digest(fd: int, st: os.stat_result) -> str:
 
 
 class DigestCache:
-    """`rel → [size, mtime_ns, inode, digest]`, kept in memory and saved when it changed."""
+    """`rel → [size, mtime_ns, ctime_ns, inode, digest]`, kept in memory and saved when it changed."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -187,12 +201,12 @@ class DigestCache:
 
     def digest(self, rel: str, fd: int, st: os.stat_result) -> str:
         """`rel`'s digest; `fd`, the file open (closed here), `st` its stat."""
-        key = [st.st_size, st.st_mtime_ns, st.st_ino]
+        key = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
         known = self.entries.get(rel)
-        if known is not None and known[:3] == key and stat.S_ISREG(st.st_mode):
+        if known is not None and known[:4] == key and stat.S_ISREG(st.st_mode):
             os.close(fd)
             self.seen[rel] = known
-            return known[3]
+            return known[4]
         digest = file_digest(fd, st)
         if time.time_ns() - st.st_mtime_ns > SETTLED_NS:
             self.seen[rel] = [*key, digest]

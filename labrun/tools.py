@@ -33,6 +33,8 @@ BASH_MAX_OUTPUT = 50_000_000
 VIEW_MAX_CHARS = 40_000
 VIEW_MAX_BYTES = 64_000_000
 """The most of a file the editor reads to show a part of it."""
+VIEW_MAX_ENTRIES = 1000
+"""The most entries of a folder the editor lists."""
 
 
 class RunExperimentInput(BaseModel):
@@ -208,11 +210,13 @@ class ToolBox:
         files = self.session.ws.files
         if rel == "." or files.is_dir(rel):
             entries = sorted(
-                (name if rel == "." else f"{rel}/{name}") + ("/" if is_dir else "")
-                for name, is_dir in files.listdir(rel)
+                (name if rel == "." else f"{rel}/{name}") + ("/" if stat.S_ISDIR(st.st_mode) else "")
+                for name, st in files.entries(rel)
                 if name != ".labrun"
             )
-            return "\n".join(entries) or f"{rel}/ is empty"
+            shown = entries[:VIEW_MAX_ENTRIES]
+            more = [f"[... and {len(entries) - len(shown)} more]"] if len(entries) > len(shown) else []
+            return "\n".join(shown + more) or f"{rel}/ is empty"
         if files.lstat(rel) is None:
             raise ToolError(f"{rel}: no such file or directory")
         lines = files.read_bytes(rel, VIEW_MAX_BYTES).decode(errors="replace").splitlines()

@@ -39,6 +39,12 @@ RESOLVE_BENEATH = 0x08
 _SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437, "riscv64": 437, "ppc64le": 437, "s390x": 437}.get(platform.machine())
 STAGING = ".labrun/staging"
 """Where engine writes are made before they are renamed into place (`Beneath.write`)."""
+READ_LIMIT = 64 << 20
+"""The most the engine reads of one of the agent's files unless a caller says otherwise: a
+sparse terabyte must not become a terabyte of memory."""
+MAX_DEPTH = 100
+"""Folders deeper than this are not walked: a thousand nested folders must not exhaust the
+engine's stack or descriptors."""
 
 
 class Refused(ValueError):
@@ -162,13 +168,17 @@ class Beneath:
         os.set_blocking(fd, True)
         return fd
 
-    def read_bytes(self, path: str | Path, limit: int | None = None) -> bytes:
-        """The file's bytes (at most `limit`)."""
+    def read_bytes(self, path: str | Path, limit: int = READ_LIMIT) -> bytes:
+        """The file's bytes; `Refused` when it holds more than `limit`."""
         with os.fdopen(self.open_file(path), "rb") as f:
-            return f.read() if limit is None else f.read(limit)
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            raise Refused(f"{path} holds more than {limit >> 20 or limit} {'MB' if limit >> 20 else 'bytes'}, "
+                          "more than labrun reads of one file")
+        return data
 
-    def read_text(self, path: str | Path, errors: str = "strict") -> str:
-        return self.read_bytes(path).decode("utf-8", errors=errors)
+    def read_text(self, path: str | Path, errors: str = "strict", limit: int = READ_LIMIT) -> str:
+        return self.read_bytes(path, limit).decode("utf-8", errors=errors)
 
     def _dir(self, parts: tuple[str, ...]) -> int:
         """The folder `parts` (the root for none), opened without following a link."""
@@ -257,7 +267,15 @@ class Beneath:
                 parent = self.mkdirs("/".join(parts[:-1]))
                 if before_rename:
                     before_rename()
-                os.replace(name, parts[-1], src_dir_fd=staging, dst_dir_fd=parent)
+                try:
+                    os.replace(name, parts[-1], src_dir_fd=staging, dst_dir_fd=parent)
+                except (IsADirectoryError, OSError) as e:
+                    if e.errno not in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST):
+                        raise
+                    # A folder where the engine writes a file (the agent made it): kept, beside.
+                    os.replace(parts[-1], f"{parts[-1]}.in-the-way-{secrets.token_hex(3)}",
+                               src_dir_fd=parent, dst_dir_fd=parent)
+                    os.replace(name, parts[-1], src_dir_fd=staging, dst_dir_fd=parent)
                 os.fsync(parent)
             except BaseException:
                 try:
@@ -270,32 +288,16 @@ class Beneath:
             if parent is not None:
                 os.close(parent)
 
-    def export(self, path: str | Path, dst: Path, link: bool = False) -> None:
-        """A copy of the regular file `path` at `dst`, a place of the engine's (with `link`,
-        a hard link where the file system allows): what the kernel found beneath the root,
-        whatever lies at that name a moment later."""
+    def copy(self, path: str | Path, dst: Path, digest_up_to: int = READ_LIMIT) -> tuple[str | None, os.stat_result]:
+        """Copy the regular file `path` to `dst`, a new file of the engine's: what the kernel
+        found beneath the root, whatever lies at that name a moment later; never a link to
+        it (the agent could hold another link to the same file and change it). Holes stay
+        holes. Its sha256 (None above `digest_up_to`) and its stat, as read."""
         fd = self.open_file(path)
         try:
             dst.parent.mkdir(parents=True, exist_ok=True)
-            if link:
-                try:  # linkat of the open file through proc(5): the file itself, not a name
-                    fds = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-                    try:
-                        return os.link(str(fd), dst, src_dir_fd=fds, follow_symlinks=True)
-                    finally:
-                        os.close(fds)
-                except OSError:
-                    pass
-            _copy(fd, dst)
-        finally:
-            os.close(fd)
-
-    def copy(self, path: str | Path, dst: Path) -> tuple[str, os.stat_result]:
-        """Copy the regular file `path` to `dst`, a new file of the engine's: its sha256 and
-        its stat, as read."""
-        fd = self.open_file(path)
-        try:
-            return _copy(fd, dst), os.fstat(fd)
+            st = os.fstat(fd)
+            return _copy(fd, dst, st.st_size <= digest_up_to), st
         finally:
             os.close(fd)
 
@@ -308,51 +310,89 @@ class Beneath:
         finally:
             os.close(fd)
 
-    def listdir(self, path: str | Path = "") -> list[tuple[str, bool]]:
-        """The folder's entries (name, whether a folder), reached without a link."""
+    def entries(self, path: str | Path = "") -> list[tuple[str, os.stat_result]]:
+        """The folder's entries, each with its own stat (a link's, not its target's), the
+        folder reached without a link."""
         fd = self._dir(self._rel(path) if str(path) not in ("", ".") else ())
         try:
-            return [(name, stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode))
-                    for name in os.listdir(fd)]
+            found = []
+            for name in os.listdir(fd):
+                try:
+                    found.append((name, os.stat(name, dir_fd=fd, follow_symlinks=False)))
+                except OSError:  # gone meanwhile
+                    continue
+            return found
         finally:
             os.close(fd)
 
     def files(self, path: str | Path = "", links: bool = False) -> Iterator[tuple[str, os.stat_result]]:
-        """Every regular file beneath `path` (relative path, its stat), never through a link;
-        with `links`, the links too (not followed)."""
-        parts = self._rel(path) if str(path) not in ("", ".") else ()
+        """Every regular file beneath `path` (relative path, its stat), never through a link,
+        no deeper than `MAX_DEPTH`; with `links`, the links too (not followed). One folder is
+        open at a time, whatever the depth."""
+        todo = [self._rel(path) if str(path) not in ("", ".") else ()]
+        while todo:
+            parts = todo.pop()
+            try:
+                found = self.entries("/".join(parts))
+            except (OSError, Refused):  # gone, or swapped for a link meanwhile
+                continue
+            for name, st in sorted(found, reverse=True):
+                if stat.S_ISREG(st.st_mode) or (links and stat.S_ISLNK(st.st_mode)):
+                    yield "/".join((*parts, name)), st
+                elif stat.S_ISDIR(st.st_mode) and len(parts) < MAX_DEPTH:
+                    todo.append((*parts, name))
+
+    def remove(self, path: str | Path) -> None:
+        """Remove the file, link or folder (whole) at `path`, reached without a link: what
+        lies beneath a link in the way is never touched."""
+        import shutil
+
+        parts = self._rel(path)
+        parent = self._dir(parts[:-1])
         try:
-            fd = self._dir(parts)
-        except (OSError, Refused):
-            return
-        prefix = "".join(p + "/" for p in parts)
-        yield from _files(fd, prefix, links)
+            st = os.stat(parts[-1], dir_fd=parent, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(parts[-1], dir_fd=parent)  # descriptor-based: follows no link
+            else:
+                os.unlink(parts[-1], dir_fd=parent)
+        finally:
+            os.close(parent)
 
 
-def _copy(fd: int, dst: Path) -> str:
-    """The open file's bytes into `dst`, with its mode; their sha256."""
-    h = hashlib.sha256()
+def _copy(fd: int, dst: Path, digest: bool) -> str | None:
+    """The open file's bytes into `dst` with its mode, its holes left holes (a sparse
+    terabyte stays small); their sha256 when `digest`."""
+    size = os.fstat(fd).st_size
+    h = hashlib.sha256() if digest else None
     with open(dst, "wb") as out:
-        while chunk := os.read(fd, 1 << 20):
-            h.update(chunk)
-            out.write(chunk)
+        at = 0
+        while at < size:
+            try:
+                data = os.lseek(fd, at, os.SEEK_DATA)
+            except OSError as e:  # ENXIO: only a hole is left; EINVAL: no holes on this file system
+                data = size if e.errno == errno.ENXIO else at
+            data = min(data, size)
+            if h is not None and data > at:
+                for n in range(at, data, 1 << 20):
+                    h.update(bytes(min(1 << 20, data - n)))
+            if data >= size:
+                break
+            try:
+                hole = min(os.lseek(fd, data, os.SEEK_HOLE), size)
+            except OSError:
+                hole = size
+            os.lseek(fd, data, os.SEEK_SET)
+            out.seek(data)
+            at = data
+            while at < hole:
+                chunk = os.read(fd, min(1 << 20, hole - at))
+                if not chunk:  # shorter than it was: what is there is copied
+                    hole = size = at
+                    break
+                if h is not None:
+                    h.update(chunk)
+                out.write(chunk)
+                at += len(chunk)
+        out.truncate(size)
     os.chmod(dst, stat.S_IMODE(os.fstat(fd).st_mode))
-    return h.hexdigest()
-
-
-def _files(fd: int, prefix: str, links: bool) -> Iterator[tuple[str, os.stat_result]]:
-    try:
-        with os.scandir(fd) as it:
-            entries = list(it)
-        for entry in entries:
-            st = os.stat(entry.name, dir_fd=fd, follow_symlinks=False)
-            if stat.S_ISREG(st.st_mode) or (links and stat.S_ISLNK(st.st_mode)):
-                yield prefix + entry.name, st
-            elif stat.S_ISDIR(st.st_mode):
-                try:
-                    sub = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-                except OSError:
-                    continue
-                yield from _files(sub, prefix + entry.name + "/", links)
-    finally:
-        os.close(fd)
+    return h.hexdigest() if h is not None else None

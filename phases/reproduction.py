@@ -52,7 +52,7 @@ from labrun.evidence import CITED
 from labrun.sandbox import bubblewrap
 from labrun.prefect_processes import identified
 from labrun.session import Session
-from labrun.snapshot import CACHE_MARKER, ENVIRONMENT_MARKERS, ENVIRONMENT_NAMES, SKIPPED_NAMES
+from labrun.snapshot import CACHE_MARKER, ENVIRONMENT_MARKERS, ENVIRONMENT_NAMES, SKIPPED_NAMES, stat_digest
 from labrun.state import Attempt, Reproduction
 from labrun.tools import parse_metrics
 from labrun.wsfs import Beneath, Refused
@@ -215,7 +215,7 @@ def fetch(session: Session, rel: str, digest: str, target: Path) -> bool:
             sha, st = Beneath(folder).copy(name, target)
         except (OSError, Refused):
             continue
-        if digest in (sha, f"stat:{st.st_size}:{st.st_mtime_ns}"):
+        if digest in (sha, stat_digest(st)):
             found = True
             break
     if not found:

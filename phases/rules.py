@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -589,7 +590,7 @@ class PinnedEnvironment:
     def missing(self, work: Work) -> list[str]:
         if any(work.text_of(name) for name in LOCK_FILES):
             return []
-        names = [n for n, is_dir in sorted(work.fs.listdir()) if not is_dir]
+        names = sorted(n for n, st in work.fs.entries() if stat.S_ISREG(st.st_mode))
         files = [n for n in names if re.fullmatch(r"requirements.*\.txt", n)] + \
             [n for n in names if re.fullmatch(r"environment\.ya?ml", n)]
         if not files:

@@ -28,16 +28,21 @@ def root(tmp_path):
     snapshot._caches.clear()
 
 
-def test_a_digest_is_reused_while_size_mtime_and_inode_are_unchanged(root):
+def test_a_digest_is_reused_while_the_file_is_unchanged_and_an_edit_with_its_mtime_set_back_is_seen(root, monkeypatch):
     write(root / "src/a.py", "x = 1\n")
     first = workspace_files(root)["src/a.py"]
-    # Same size, same mtime, same inode: the cached digest stands (the file is not read).
+    read = []
+    monkeypatch.setattr(snapshot, "file_digest", lambda fd, st: read.append(fd) or "re-read")
+    assert workspace_files(root)["src/a.py"] == first and not read  # the cached digest stands
+    snapshot._caches.clear()  # a new engine process reads the cache from .labrun
+    assert workspace_files(root)["src/a.py"] == first and not read
+    monkeypatch.undo()
+    # Same size, mtime and inode (what `touch -d` and an edit in place can keep), but the
+    # ctime, which no command can set back, moved: hashed again.
     with open(root / "src/a.py", "r+") as f:
         f.write("y")
     os.utime(root / "src/a.py", (OLD, OLD))
-    assert workspace_files(root)["src/a.py"] == first
-    snapshot._caches.clear()  # a new engine process reads the cache from .labrun
-    assert workspace_files(root)["src/a.py"] == first
+    assert workspace_files(root)["src/a.py"] != first
     # Any real change moves the mtime (or the size, or the inode): hashed again.
     write(root / "src/a.py", "y = 1\n", mtime=OLD + 1)
     assert workspace_files(root)["src/a.py"] != first
@@ -79,7 +84,7 @@ def bytes_read() -> int:
     raise AssertionError("no rchar in /proc/self/io")
 
 
-def test_a_file_above_the_threshold_is_recorded_by_size_and_mtime_never_read(root, monkeypatch):
+def test_a_file_above_the_threshold_is_recorded_by_its_stat_never_read(root, monkeypatch):
     monkeypatch.setenv("LABRUN_HASH_MAX_MB", "1")
     big = root / "data/big.bin"
     big.parent.mkdir()
@@ -87,6 +92,6 @@ def test_a_file_above_the_threshold_is_recorded_by_size_and_mtime_never_read(roo
         f.truncate(2 << 20)
     st = big.stat()
     read_before = bytes_read()
-    assert workspace_files(root)["data/big.bin"] == f"stat:{st.st_size}:{st.st_mtime_ns}"
+    assert workspace_files(root)["data/big.bin"] == f"stat:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
     assert bytes_read() - read_before < 1 << 20  # its 2 MB were not read
-    assert entry_digest(root, "data/big.bin") == f"stat:{st.st_size}:{st.st_mtime_ns}"
+    assert entry_digest(root, "data/big.bin") == f"stat:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"

@@ -4,6 +4,7 @@ shown to work through plain path operations first (the weak target), then refuse
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 
@@ -11,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from labrun import wsfs
+from labrun.snapshot import workspace_files
 from labrun.wsfs import Beneath, Refused, agent_path
 
 SECRET = "the user's secret"
@@ -112,14 +114,59 @@ def test_the_walk_lists_regular_files_and_never_descends_a_link(planted, resolve
         ".STATE.md.tmp", "STATE.md", "dir-link", "results/file-link", "results/real.json"]
 
 
-def test_export_copies_the_file_found_not_what_the_name_points_at(planted, resolver, tmp_path):
+def test_a_copy_is_of_the_file_found_never_a_link_to_it(planted, resolver, tmp_path):
     root, _ = planted
     (root / "results" / "real.json").write_text("{}")
-    Beneath(root).export("results/real.json", tmp_path / "kept" / "a", link=True)
-    assert os.stat(tmp_path / "kept" / "a").st_ino == os.stat(root / "results" / "real.json").st_ino
+    digest, _ = Beneath(root).copy("results/real.json", tmp_path / "kept" / "a")
+    assert digest == hashlib.sha256(b"{}").hexdigest()
+    assert os.stat(tmp_path / "kept" / "a").st_ino != os.stat(root / "results" / "real.json").st_ino
     with pytest.raises(Refused):
-        Beneath(root).export("results/file-link", tmp_path / "kept" / "b")
+        Beneath(root).copy("results/file-link", tmp_path / "kept" / "b")
     assert not (tmp_path / "kept" / "b").exists()
+
+
+def test_a_sparse_terabyte_is_neither_read_whole_nor_copied_whole(tmp_path, resolver):
+    root = tmp_path / "ws"
+    root.mkdir()
+    with open(root / "big.bin", "wb") as f:
+        f.truncate(1 << 40)
+        f.seek(1 << 30)
+        f.write(b"data")
+    with pytest.raises(Refused, match="more than labrun reads"):
+        Beneath(root).read_bytes("big.bin")
+    digest, st = Beneath(root).copy("big.bin", tmp_path / "copy.bin")
+    assert digest is None and st.st_size == 1 << 40
+    copied = os.stat(tmp_path / "copy.bin")
+    assert copied.st_size == 1 << 40 and copied.st_blocks * 512 < 1 << 24  # its holes stayed holes
+    with open(tmp_path / "copy.bin", "rb") as f:
+        f.seek(1 << 30)
+        assert f.read(4) == b"data"
+
+
+def test_a_deep_tree_is_walked_one_folder_at_a_time(tmp_path, resolver):
+    root = tmp_path / "ws"
+    root.mkdir()
+    fd = os.open(root, os.O_RDONLY)
+    for _ in range(1100):  # a thousand nested folders (as `bash` makes them): no recursion, one descriptor
+        os.mkdir("d", dir_fd=fd)
+        fd, up = os.open("d", os.O_RDONLY, dir_fd=fd), fd
+        os.close(up)
+    os.close(os.open("far.txt", os.O_WRONLY | os.O_CREAT, dir_fd=fd))
+    os.close(fd)
+    (root / "d" / "f.txt").write_text("x")
+    found = [name for name, _ in Beneath(root).files()]
+    assert found == ["d/f.txt"]  # what lies deeper than MAX_DEPTH is not the work
+    assert list(workspace_files(root)) == ["d/f.txt"]
+
+
+def test_a_folder_where_the_engine_writes_a_file_is_kept_beside_it(tmp_path, resolver):
+    root = tmp_path / "ws"
+    (root / "STATE.md" / "inner").mkdir(parents=True)
+    (root / "STATE.md" / "inner" / "notes").write_text("mine")
+    Beneath(root).write("STATE.md", "the engine's")
+    assert (root / "STATE.md").read_text() == "the engine's"
+    aside = [p for p in root.iterdir() if p.name.startswith("STATE.md.in-the-way-")]
+    assert len(aside) == 1 and (aside[0] / "inner" / "notes").read_text() == "mine"
 
 
 @pytest.mark.parametrize("name, why", [
