@@ -119,3 +119,26 @@ def test_the_mcp_config_is_the_relay_and_holds_no_secret(server):
     said = json.dumps(config)
     assert "token" not in said.lower() and "authorization" not in said.lower() and "http" not in said
     assert server.socket.parent.stat().st_mode & 0o777 == 0o700 and server.socket.parent.parent == Path("/tmp")
+
+
+def test_a_call_whose_cli_died_before_the_engine_took_it_is_not_run():
+    """The journal's rule (`run_call`): a call the client gave up on does not run. No engine
+    thread takes the call here, so it waits; the CLI's relay dies; the call is cancelled."""
+    inbox: queue.Queue = queue.Queue()
+    hello = [{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                 "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}},
+             {"jsonrpc": "2.0", "method": "notifications/initialized"},
+             {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "complete_phase", "arguments": {}}}]
+    with ToolServer(inbox) as own, own.listening():
+        cli = subprocess.Popen(relay(own.socket), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        cli.stdin.write("".join(json.dumps(m) + "\n" for m in hello).encode())
+        cli.stdin.flush()
+        assert b'"id":1' in cli.stdout.readline()
+        _, call = inbox.get(timeout=10)
+        cli.kill()
+        cli.wait()
+        for _ in range(100):  # the session ends as the relay's end closes
+            if call.future.cancelled():
+                break
+            threading.Event().wait(0.05)
+        assert call.future.cancelled()
