@@ -100,10 +100,10 @@ class ToolServer:
         assert self.folder is not None, "a ToolServer serves inside its `with` block"
         return self.folder / "mcp.sock"
 
-    def mcp_config(self, socket_path: str | Path | None = None) -> dict[str, Any]:
+    def mcp_config(self) -> dict[str, Any]:
         """The `--mcp-config` document (the `mcpServers` shape that MCP clients share): the relay
-        to `socket_path`, by default `socket`. No secret in it."""
-        argv = relay(socket_path or self.socket)
+        to `socket`. No secret in it."""
+        argv = relay(self.socket)
         return {"mcpServers": {self.server_name: {"type": "stdio", "command": argv[0], "args": argv[1:]}}}
 
     def __enter__(self) -> "ToolServer":
