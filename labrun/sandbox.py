@@ -234,7 +234,8 @@ def guarded(sandbox: Sandbox | None) -> list[str]:
     (Claude Code's lets its Bash write anywhere the user can). The file system is read-only
     but for the workspace, the sandbox's /tmp and its writable folders (the CLI's own home);
     the workspace's read-only folders (`.labrun/`, the engine's records) stay read-only, and
-    its hidden files (a sealed evaluation's) are covered. The homes stay readable, unlike in
+    its hidden files (a sealed evaluation's) are covered; what it shows (labrun's MCP socket)
+    is bound in at its own path. The homes stay readable, unlike in
     the sandbox (`hidden_paths`): the CLI's own login lies in the user's."""
     if sandbox is None:
         return []
@@ -249,6 +250,8 @@ def guarded(sandbox: Sandbox | None) -> list[str]:
         args += ["--bind", str(path), str(path)]  # a folder, or a file (`~/.claude.json`)
     if sandbox.egress is not None:  # the bridge's way to the proxy, which may lie under /tmp
         args += ["--bind", str(sandbox.egress), str(sandbox.egress)]
+    for source, where in sandbox.shown:  # labrun's MCP socket, under the /tmp replaced above
+        args += ["--ro-bind", str(source), str(where)]
     for path in sandbox.readonly:
         args += ["--ro-bind", str(path), str(path)]
     for path in inside:
@@ -263,7 +266,7 @@ def in_network_namespace(argv: list[str], lifeline: int, egress: Path, guard: Sa
     give them the machine's loopback (Codex, whose sandbox does not nest in a PID namespace of
     bubblewrap's: its own bubblewrap's children go to that namespace's init and it waits
     for good). No NO_PROXY, so that its calls to the endpoints the engine named on the
-    loopback (its API, labrun's MCP server) go through the proxy too. With no PID namespace
+    loopback (its API) go through the proxy too. With no PID namespace
     to end it, the bridge goes when the lifeline closes; the CLI has its parent-death signal.
     `guard`: as for `in_pid_namespace`."""
     return [bubblewrap(), "--dev-bind", "/", "/", "--unshare-net", "--die-with-parent", *guarded(guard),
@@ -276,7 +279,7 @@ _HAND_OVER = ("import json, os, sys; fd = int(sys.argv[1]); env = {**os.environ,
 
 
 class Secrets:
-    """Variables for the sandbox's last program only (a CLI's key, labrun's MCP token): kept
+    """Variables for the sandbox's last program only (a CLI's key): kept
     out of bwrap's environment and the watcher's, which a process of the same user inside
     could read, and handed over through a pipe that a loader reads and closes before it
     execs the program with them. The program must keep its own environment unreadable

@@ -5,8 +5,9 @@ finding the three real CLIs, and a labrun session's setup with one of them (`Cli
 `$LABRUN_AGENT_CLIS`); `LABRUN_TEST_CLAUDE` may name another `claude`. Each run
 gets: the tests' scripted API in the CLI's own protocol, a home of its own in the test's
 temporary directory (never the user's), a scrubbed environment, and labrun's `ToolServer`
-as its MCP server, with `EngineTools` playing the engine's thread: it answers every call
-(recording it) instead of running it through a `ToolBox`.
+as its MCP server (its stdio relay, listening for the one run), with `EngineTools` playing
+the engine's thread: it answers every call (recording it) instead of running it through a
+`ToolBox`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import pytest
 from auto_responder import IDEA
 from support import labrun
 
-from labrun.mcp_tools import ToolServer
+from labrun.mcp_tools import ToolServer, relay
 from labrun.tools import ToolResult
 
 REPO = Path(__file__).resolve().parents[1]
@@ -101,7 +102,8 @@ def gemini_binary() -> Path | None:
 
 @dataclass
 class EngineTools:
-    """labrun's MCP tool server, each call answered `ok: <name>` from this side."""
+    """labrun's MCP tool server, listening for one CLI run, each call answered `ok: <name>`
+    from this side."""
 
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
@@ -109,6 +111,8 @@ class EngineTools:
         self._inbox: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self.server = ToolServer(self._inbox).__enter__()
+        self._listening = self.server.listening()
+        self._listening.__enter__()
         self._thread = threading.Thread(target=self._answer, daemon=True)
         self._thread.start()
         return self
@@ -116,6 +120,7 @@ class EngineTools:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(5)
+        self._listening.__exit__(None, None, None)
         self.server.__exit__()
 
     def _answer(self) -> None:
@@ -169,9 +174,10 @@ def codex_argv(api_url: str, tools: EngineTools | None = None, *, resume: str | 
         "check_for_update_on_startup": False,
     }
     if tools is not None:
+        command, *args = relay(tools.server.socket)
         config.update({
-            "mcp_servers.labrun.url": tools.server.url,
-            "mcp_servers.labrun.bearer_token_env_var": "LABRUN_MCP_TOKEN",
+            "mcp_servers.labrun.command": command,
+            "mcp_servers.labrun.args": args,
             "mcp_servers.labrun.default_tools_approval_mode": "approve",  # exec never asks; unapproved calls fail
         })
     for key, value in config.items():
@@ -181,15 +187,13 @@ def codex_argv(api_url: str, tools: EngineTools | None = None, *, resume: str | 
     return argv + [prompt]
 
 
-def codex_env(tmp: Path, tools: EngineTools | None = None) -> dict[str, str]:
+def codex_env(tmp: Path) -> dict[str, str]:
     """CODEX_HOME must not lie under TMPDIR: Codex refuses to create its sandbox helper
     (`codex-linux-sandbox`, an alias of itself) in a temporary directory."""
     env = {**BASE_ENV, "HOME": str(tmp / "home"), "CODEX_HOME": str(tmp / "codex-home"),
            "TMPDIR": str(tmp / "tmp"), "CODEX_API_KEY": "sk-test-labrun"}
     for d in ("home", "codex-home", "tmp"):
         (tmp / d).mkdir(exist_ok=True)
-    if tools is not None:
-        env["LABRUN_MCP_TOKEN"] = tools.server.token
     return env
 
 
@@ -208,8 +212,7 @@ def gemini_argv(prompt: str = "go", *, resume: str | None = None, model: str = "
 def gemini_env(tmp: Path, api_url: str, tools: EngineTools | None = None) -> dict[str, str]:
     """A settings home of its own (GEMINI_CLI_HOME/.gemini/settings.json): API-key auth,
     environment redaction for its shell, no self-update and no usage statistics (side
-    traffic), labrun's MCP server with the token read from the environment (settings
-    expand `${VAR}`)."""
+    traffic), labrun's MCP server (its relay)."""
     home = tmp / "gemini-home"
     (home / ".gemini").mkdir(parents=True, exist_ok=True)
     settings: dict[str, Any] = {"security": {"auth": {"selectedType": "gemini-api-key"},
@@ -220,9 +223,8 @@ def gemini_env(tmp: Path, api_url: str, tools: EngineTools | None = None) -> dic
            "GOOGLE_GEMINI_BASE_URL": api_url, "GEMINI_CLI_NO_RELAUNCH": "true", "TMPDIR": str(tmp / "tmp")}
     (tmp / "tmp").mkdir(exist_ok=True)
     if tools is not None:
-        settings["mcpServers"] = {"labrun": {"httpUrl": tools.server.url, "trust": True,
-                                             "headers": {"Authorization": "Bearer ${LABRUN_MCP_TOKEN}"}}}
-        env["LABRUN_MCP_TOKEN"] = tools.server.token
+        command, *args = relay(tools.server.socket)
+        settings["mcpServers"] = {"labrun": {"command": command, "args": args, "trust": True}}
     (home / ".gemini" / "settings.json").write_text(json.dumps(settings, indent=2))
     return env
 

@@ -53,11 +53,54 @@ def succeeded(body: dict[str, Any]) -> list[str]:
     return [n for n in done if n != "ToolSearch"]
 
 
+MCP_PROBE = """import glob, json, socket, sys
+paths = set(sys.argv[1:])
+for f in [] if paths else glob.glob("/tmp/labrun-mcp-*/mcp.sock") + glob.glob("/run/labrun/mcp.sock"):
+    paths.add(f)
+for f in [] if sys.argv[1:] else glob.glob(".labrun/phases/*/*-mcp.json") + glob.glob(".labrun/gemini/.gemini/settings.json"):
+    try:
+        paths |= {s["args"][-1] for s in json.load(open(f)).get("mcpServers", {}).values() if s.get("args")}
+    except Exception:
+        pass
+for f in [] if sys.argv[1:] else glob.glob("/proc/[0-9]*/cmdline"):
+    try:
+        paths |= {a for a in open(f, "rb").read().decode(errors="replace").split(chr(0)) if a.endswith("mcp.sock")}
+    except Exception:
+        pass
+said = [{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18",
+         "capabilities": {}, "clientInfo": {"name": "probe", "version": "0"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "complete_phase",
+         "arguments": {"summary": "the probe"}}}]
+for path in sorted(paths):
+    try:
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(10)
+        s.connect(path)
+        s.sendall("".join(json.dumps(m) + chr(10) for m in said).encode())
+        answers, rest = {}, b""
+        while 2 not in answers:
+            data = s.recv(65536)
+            if not data:
+                break
+            *lines, rest = (rest + data).split(chr(10).encode())
+            answers.update((m.get("id"), m) for m in map(json.loads, lines))
+        print("MCP", path, "REACHED" if 2 in answers else "REFUSED: no answer")
+    except Exception as e:
+        print("MCP", path, "REFUSED:", e)
+"""
+"""A command of the agent's that finds labrun's MCP socket (where it lies under /tmp, where
+the sandbox binds it, in the CLIs' MCP settings and command lines) and calls complete_phase
+through it: `MCP <path> REACHED` when a tool answered. Given paths, it tries those alone. No
+single quote in it."""
+
 HOSTILE = ("awk 'NR > 1 && $NF ~ /^@/ {print \"ABSTRACT \" $NF}' /proc/net/unix; "
-           "touch .labrun/escaped /var/tmp/labrun-cli-escaped 2>&1 | sed 's/^/WRITE /'")
+           "touch .labrun/escaped /var/tmp/labrun-cli-escaped 2>&1 | sed 's/^/WRITE /'; "
+           f"python3 -c '{MCP_PROBE}'")
 """What a hostile agent tries from the CLI's own shell at setup besides `env` and the
 listeners (`support.assert_shell_contained`): the abstract Unix sockets it sees, a write into
-the engine's `.labrun/` and one outside the workspace. No `$(…)`: Gemini CLI refuses it."""
+the engine's `.labrun/` and one outside the workspace, a call of labrun's tools through its
+MCP socket. No `$(…)`: Gemini CLI refuses it."""
 
 
 class ClaudeResearcher:

@@ -7,6 +7,7 @@ importing "conftest" would get whichever was imported first.)
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -43,9 +44,12 @@ which a sandbox has of its own); the `abstract_socket` fixture clears it first."
 
 def assert_shell_contained(shell_output: str, ws: Path, abstract: str) -> None:
     """The researchers' setup shell (`claude_responder.HOSTILE`) saw no abstract socket of the
-    machine's (`abstract` is one the test opened) and wrote neither into `.labrun/` nor
-    outside the workspace."""
+    machine's (`abstract` is one the test opened), wrote neither into `.labrun/` nor outside
+    the workspace, and found labrun's MCP socket but called no tool through it (the probe is
+    shown reaching a listening socket in tests/test_mcp_tools.py)."""
     assert "ABSTRACT" in shell_output or "WRITE" in shell_output, f"the hostile probes did not run: {shell_output}"
+    assert re.search(r"MCP \S+mcp\.sock REFUSED", shell_output), f"the MCP probe found no socket: {shell_output}"
+    assert not re.search(r"MCP \S+ REACHED", shell_output), shell_output
     assert f"@{abstract}" not in shell_output and "ABSTRACT @labrun-" not in shell_output, shell_output
     assert not (ws / ".labrun" / "escaped").exists(), "the CLI's shell wrote into .labrun/"
     assert not ESCAPED.exists(), "the CLI's shell wrote outside the workspace"

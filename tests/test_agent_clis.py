@@ -64,7 +64,7 @@ def test_codex_runs_shell_patch_and_mcp_tools_and_reports_what_was_billed(tmp_pa
               {"tool": "mcp__labrun__complete_phase", "arguments": {"summary": "done"}},
               {"text": "Finished."}]
     with FakeResponsesAPI(script) as api, EngineTools() as tools:
-        run = run_cli(codex_argv(api.url, tools, model=model), codex_env(tmp_path, tools), workspace)
+        run = run_cli(codex_argv(api.url, tools, model=model), codex_env(tmp_path), workspace)
     assert run.returncode == 0, run.stderr[-2000:]
     assert tools.calls == [("run_experiment", ATTEMPT), ("complete_phase", {"summary": "done"})]
     assert (workspace / "out.txt").read_text() == "hello\n" and (workspace / "notes.md").read_text() == "patched\n"

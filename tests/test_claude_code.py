@@ -511,25 +511,3 @@ def test_a_claude_that_is_not_logged_in_says_how_to_log_in(idea, tmp_path, claud
     assert len(problems) == 1 and "Traceback" not in result.stderr, result.stderr
     assert "claude /login" in problems[0] and "setup-token" in problems[0]
     assert len(claude.calls()) == 1  # not retried
-
-
-# -- the MCP server --------------------------------------------------------------------------
-
-
-def test_the_tool_server_wants_its_token():
-    import queue
-
-    import httpx
-
-    from labrun.mcp_tools import ToolServer
-
-    with ToolServer(queue.Queue()) as server:
-        body = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
-        headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
-        assert httpx.post(server.url, json=body, headers=headers).status_code == 401
-        wrong = {**headers, "Authorization": "Bearer not-the-token"}
-        assert httpx.post(server.url, json=body, headers=wrong).status_code == 401
-        right = {**headers, **server.mcp_config()["mcpServers"]["labrun"]["headers"]}
-        assert httpx.post(server.url, json=body, headers=right).status_code == 200
-        assert server.url.startswith("http://127.0.0.1:")

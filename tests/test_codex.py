@@ -126,3 +126,25 @@ def test_labrun_queue_agent_codex_gives_the_deployment_run_its_agent_and_model(t
     finally:
         with get_client(sync_client=True) as client:
             client.delete_deployment(deployment_id)
+
+
+def test_its_mcp_server_is_labruns_relay_with_no_token(tmp_path: Path):
+    from dataclasses import dataclass
+
+    from labrun.agents.cli_agent import RunPlan
+    from labrun.mcp_tools import relay
+
+    @dataclass
+    class Server:
+        socket: Path = Path("/tmp/labrun-mcp-unit/mcp.sock")
+
+    agent = object.__new__(CodexAgent)
+    agent.executable, agent.model, agent.workspace = "codex", "gpt-5.5", tmp_path
+    (tmp_path / "system.md").write_text("the phase prompt")
+    plan = RunPlan(tmp_path / "system.md", None, None, 7, timeout_s=600, workspace=tmp_path, server=Server())
+    argv = agent.argv(plan)
+    config = dict(a.split("=", 1) for a in argv[argv.index("-c") + 1::2] if "=" in a and a.startswith("mcp_"))
+    command, *args = relay(Server.socket)
+    assert json.loads(config["mcp_servers.labrun.command"]) == command
+    assert json.loads(config["mcp_servers.labrun.args"]) == args
+    assert not any("url" in k or "token" in k or "header" in k for k in config), config

@@ -78,6 +78,12 @@ def abstract(name):
     s.connect("\0" + name)
     return True
 
+def unix(path):
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(3)
+    s.connect(path)
+    return True
+
 def listed(prefix):
     return any(line.split()[-1].startswith("@" + prefix) for line in open("/proc/net/unix").readlines()[1:]
                if len(line.split()) > 7)
@@ -96,8 +102,7 @@ def read(path):
 probe("loopback listener", lambda: tcp("127.0.0.1", t["port"]))
 probe("own address listener", lambda: tcp(t["own"], t["port"]))
 probe("Prefect API", lambda: http(t["prefect"] + "/health"))
-probe("MCP server of another session", lambda: http(t["mcp"], {"Authorization": "Bearer " + t["token"],
-                                                                "Accept": "application/json, text/event-stream"}))
+probe("MCP socket of another session", lambda: unix(t["mcp"]))
 probe("abstract socket", lambda: abstract(t["abstract"]))
 probe("@labrun socket listed", lambda: listed("labrun-"))
 probe("environ of the engine's side", lambda: environ(t["pid"], t["marker"]))
@@ -170,7 +175,7 @@ def test_a_hostile_command_reaches_nothing_of_the_engines_side(tmp_path, prefect
         with ToolServer(queue.Queue()) as mcp:  # another session's
             port, own, (pid, marker) = listener, own_address(), secret_holder
             targets = {
-                "port": port, "own": own, "prefect": prefect_api, "mcp": mcp.url, "token": mcp.token,
+                "port": port, "own": own, "prefect": prefect_api, "mcp": str(mcp.socket),
                 "abstract": abstract_socket, "pid": pid, "marker": marker,
                 "outside": str(escaped), "labrun": str(s.ws.data / "escaped.txt"),
                 "ssh": str(home / ".ssh" / "id_ed25519"), "prefect_home": str(prefect_home),
@@ -180,9 +185,10 @@ def test_a_hostile_command_reaches_nothing_of_the_engines_side(tmp_path, prefect
                     "0.0.0.0": "0.0.0.0", "IPv6 loopback": "[::1]", "this machine's address": own,
                     "the Prefect API": prefect_api.split("//")[1].split("/")[0].split(":")[0],
                 }.items()} | {"the cloud metadata address": "http://169.254.169.254/latest/meta-data/",
-                              "the Prefect API's port": prefect_api + "/health", "the MCP server": mcp.url},
+                              "the Prefect API's port": prefect_api + "/health"},
             }
-            outside = run_payload_here(targets)
+            with mcp.listening():  # it takes one connection: the probe's, here
+                outside = run_payload_here(targets)
             assert all(outside.values()), f"a probe that fails even outside the sandbox proves nothing: {outside}"
             escaped.unlink()
             (s.ws.data / "escaped.txt").unlink()
@@ -190,9 +196,11 @@ def test_a_hostile_command_reaches_nothing_of_the_engines_side(tmp_path, prefect
             (s.ws.root / "payload.py").write_text(PAYLOAD)
             inside = {**targets, "inside": True}
             box = toolbox(s, BY_KEY["experiments"])
-            by_bash = box.call("bash", {"command": f"python3 payload.py {shlex.quote(json.dumps(inside))}"}).content
-            attempt = box.call("run_experiment", {"command": f"python3 payload.py {shlex.quote(json.dumps(inside))}",
-                                                  "purpose": "try every way out"}).content
+            with mcp.listening():
+                by_bash = box.call("bash", {"command": f"python3 payload.py {shlex.quote(json.dumps(inside))}"}).content
+            with mcp.listening():
+                attempt = box.call("run_experiment", {"command": f"python3 payload.py {shlex.quote(json.dumps(inside))}",
+                                                      "purpose": "try every way out"}).content
             for said in (by_bash, attempt):
                 got = result(said)
                 assert got.pop("engine variables") == [], said

@@ -13,7 +13,8 @@ import pytest
 
 from labrun.agents import AgentUnavailable
 from labrun.agents.cli_agent import Finished, Outcome, RunPlan, Started, ToolUsed
-from labrun.agents.gemini import CONTEXT_FILE, GeminiAgent, next_quota_reset, tokens
+from labrun.agents.gemini import CONTEXT_FILE, MCP_SOCKET, GeminiAgent, next_quota_reset, tokens
+from labrun.mcp_tools import relay
 from labrun.sandbox import Sandbox, bubblewrap
 from labrun.usage import Usage
 
@@ -28,8 +29,7 @@ BAD_KEY = '[API Error: {"error":{"code":400,"message":"API key not valid. Please
 
 @dataclass
 class Server:
-    url: str = "http://127.0.0.1:4321/mcp"
-    token: str = "mcp-token-123"
+    socket: Path = Path("/tmp/labrun-mcp-unit/mcp.sock")
 
 
 @pytest.fixture
@@ -71,10 +71,11 @@ def test_the_command_line_runs_gemini_headless_in_the_sessions_sandbox(agent, tm
     # its home writable, bound after the read-only .labrun it lies in
     assert binds.index(["--ro-bind", data, data]) < binds.index(["--bind", home, home])
     assert ["--bind", str(ws), str(ws)] in binds
+    assert ["--ro-bind", str(Server.socket), MCP_SOCKET] in binds  # the engine's MCP socket, for its relay
     assert "--resume" not in agent.argv(plan(tmp_path))
 
 
-def test_settings_and_the_phase_prompt_are_in_its_home_and_the_token_is_not(agent, tmp_path, monkeypatch):
+def test_settings_and_the_phase_prompt_are_in_its_home_and_no_token(agent, tmp_path, monkeypatch):
     monkeypatch.setenv("LABRUN_GEMINI_MAX_ATTEMPTS", "2")
     agent = GeminiAgent("gemini-2.5-pro", tmp_path / "ws")
     agent.argv(plan(tmp_path))
@@ -84,11 +85,14 @@ def test_settings_and_the_phase_prompt_are_in_its_home_and_the_token_is_not(agen
                                     "environmentVariableRedaction": {"enabled": True}}
     assert settings["general"] == {"enableAutoUpdate": False, "enableAutoUpdateNotification": False, "maxAttempts": 2}
     assert settings["privacy"] == {"usageStatisticsEnabled": False}
-    assert settings["mcpServers"] == {"labrun": {"httpUrl": Server.url, "trust": True, "timeout": 900_000,
-                                                 "headers": {"Authorization": "Bearer ${LABRUN_MCP_TOKEN}"}}}
+    # its relay, to the socket where the sandbox binds it (where the CLI runs unsandboxed, the engine's path)
+    where = MCP_SOCKET if bubblewrap() else str(Server.socket)
+    command, *args = relay(where)
+    assert settings["mcpServers"] == {"labrun": {"command": command, "args": args, "trust": True, "timeout": 900_000}}
+    assert "$" not in "".join(args)  # Gemini CLI expands variables in its settings
     assert settings["context"] == {"fileName": CONTEXT_FILE}
     assert (config / CONTEXT_FILE).read_text() == "# Phase 1 of 6: planning\nthe phase prompt\n"
-    assert Server.token not in (config / "settings.json").read_text()
+    assert "token" not in json.dumps(settings["mcpServers"]).lower()
 
 
 def test_a_bad_max_attempts_is_one_line(agent, monkeypatch):
@@ -99,7 +103,7 @@ def test_a_bad_max_attempts_is_one_line(agent, monkeypatch):
 
 def test_the_environment_has_its_key_its_home_and_nothing_else_secret(agent, tmp_path):
     env = agent.environment(plan(tmp_path))
-    assert env["GEMINI_API_KEY"] == "AIza-unit-key" and env["LABRUN_MCP_TOKEN"] == Server.token
+    assert env["GEMINI_API_KEY"] == "AIza-unit-key" and "LABRUN_MCP_TOKEN" not in env
     assert env["GEMINI_CLI_HOME"] == str(tmp_path / "ws" / ".labrun" / "gemini")
     assert env["GEMINI_CLI_NO_RELAUNCH"] == "true"
     assert "ANTHROPIC_API_KEY" not in env

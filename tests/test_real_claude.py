@@ -178,6 +178,9 @@ def test_six_phases_outlast_a_429_and_a_529_storm_and_cost_what_was_billed(setup
     assert not (seen - {BRIDGE_PORT}) & machine_listening_ports(), bash_output
     assert_shell_contained(bash_output, s.ws, abstract_socket)  # nor an abstract socket, .labrun/, outside
     assert not [p for p in s.ws.rglob("*") if p.is_file() and key in p.read_text(errors="replace")]
+    # its MCP config is labrun's relay: no URL, no token for a shell to read
+    for config in s.ws.glob(".labrun/phases/*/claude-mcp.json"):
+        assert set(json.loads(config.read_text())["mcpServers"]["labrun"]) == {"type", "command", "args"}
     assert not s.claudes()
 
 

@@ -95,10 +95,10 @@ def test_codex_six_phases_outlast_a_429_storm_and_cost_what_was_billed(setup_for
     posts = s.posts()
     assert all(r["headers"].get("authorization") == f"Bearer {API_KEY}" for r in posts)
     assert all(r["body"]["model"] == MODEL for r in posts)
-    # setup's shell ran `env`: Codex's key and labrun's MCP token stay out of its commands
+    # setup's shell ran `env`: Codex's key stays out of its commands
     setup_outputs = json.dumps([i for r in posts if phase_of(r["body"]) == "setup" for i in r["body"]["input"]
                                 if i.get("type") == "function_call_output"])
-    assert "PATH=" in setup_outputs and API_KEY not in setup_outputs and "LABRUN_MCP_TOKEN" not in setup_outputs
+    assert "PATH=" in setup_outputs and API_KEY not in setup_outputs
     assert "CODEX_API_KEY" not in setup_outputs
     # ...and from a network namespace of labrun's, none of the machine's listeners (its API's
     # included): only the bridge to labrun's egress proxy

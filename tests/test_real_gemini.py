@@ -129,14 +129,15 @@ def test_gemini_outlasts_a_429_storm_and_a_kill_9_and_costs_exactly_what_was_bil
     assert not any("x-gemini-api-privileged-user-id" in r["headers"] for r in posts), "statistics are off"
     declared = {f["name"] for t in posts[0]["body"]["tools"] for f in t["functionDeclarations"]}
     assert {"mcp_labrun_run_experiment", "mcp_labrun_complete_phase", "run_shell_command"} <= declared
-    # setup's shell ran `env`: the key and labrun's MCP token stay out of its commands
+    # setup's shell ran `env`: the key stays out of its commands
     setup = shell_outputs(posts, "setup")
-    assert "PATH=" in setup and API_KEY not in setup and "LABRUN_MCP_TOKEN" not in setup
+    assert "PATH=" in setup and API_KEY not in setup
     assert "GEMINI_API_KEY" not in setup
     assert listening_ports(setup) == {BRIDGE_PORT}, setup  # none of the machine's listeners: the sandbox's bridge
     assert_shell_contained(setup, s.ws, abstract_socket)  # nor an abstract socket, .labrun/, outside
     settings = (s.ws / ".labrun" / "gemini" / ".gemini" / "settings.json").read_text()
-    assert "Bearer ${LABRUN_MCP_TOKEN}" in settings and API_KEY not in settings
+    assert API_KEY not in settings and set(json.loads(settings)["mcpServers"]["labrun"]) == {
+        "command", "args", "trust", "timeout"}  # its relay: no URL, no token
 
 
 def test_a_missing_or_logged_out_gemini_is_one_line_saying_what_to_do(tmp_path):

@@ -9,7 +9,7 @@ process lifetime, the journal, the MCP tool server). This module holds what is C
   prompt on its first request and sends that record on every `--resume`, ignoring the file
   given again (seen in 2.1.328's requests to a scripted API), so a resumed phase would not
   see labrun's current prompt and STATE.md digest. The engine's tools with `--mcp-config`
-  and `--strict-mcp-config`; `--max-turns`, `--model`, `--resume <session>`; tools granted
+  (labrun's stdio relay, `labrun.mcp_tools`: no URL, no token) and `--strict-mcp-config`; `--max-turns`, `--model`, `--resume <session>`; tools granted
   with `--allowedTools` rules, built from the names the `system/init` event lists
   (`MultiEdit`, `LS`, `TodoWrite` are gone in 2.1.x, and Claude Code ignores unknown names
   silently), `WebSearch` and `WebFetch` in a phase declared `web`, or
@@ -33,8 +33,8 @@ process lifetime, the journal, the MCP tool server). This module holds what is C
   there; `CLAUDE_CODE_SUBPROCESS_ENV_SCRUB=0` turns it off). Its sandbox leaves the commands
   the network namespace `claude` runs in, so with it on labrun runs `claude` in a network
   namespace of its own, as Codex (`in_network_namespace`): its Bash reaches the internet
-  through the session's egress proxy, `claude` its API and labrun's MCP server as endpoints
-  the engine names, and none of them the machine's loopback. A subscription login (`CLAUDE_CODE_OAUTH_TOKEN` or `claude
+  through the session's egress proxy, `claude` its API as an endpoint the engine names,
+  and none of them the machine's loopback. A subscription login (`CLAUDE_CODE_OAUTH_TOKEN` or `claude
   /login`) is used when there is one: an exported `ANTHROPIC_API_KEY` would take precedence
   in Claude Code and bill the key, so it is not passed on unless `LABRUN_CLAUDE_AUTH=api-key`.
 - **The tools.** `ENABLE_TOOL_SEARCH=false` (unless set): Claude Code otherwise lists MCP

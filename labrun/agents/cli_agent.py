@@ -3,7 +3,9 @@
 A phase is one or more runs of the agent's CLI in the workspace. The CLI brings its own
 shell and editor; labrun's `run_experiment` and `complete_phase` reach it over MCP from a
 server in this process (`labrun.mcp_tools.ToolServer`), so attempts stay Prefect subtasks
-and the engine alone writes STATE.md. The phase ends when `complete_phase` succeeds.
+and the engine alone writes STATE.md. The CLI's MCP server is labrun's stdio relay, whose
+one connection per run is the only one the engine accepts. The phase ends when
+`complete_phase` succeeds.
 
 The base does, for every CLI:
 
@@ -44,8 +46,8 @@ The seam. A backend subclasses `CliAgent` and gives what differs between CLIs:
   session to resume or None, the turns left, the workspace, the tool server); the prompt
   goes on stdin;
 - `write_mcp_config(server, phase_dir)`: the MCP server in the CLI's config format (the
-  default writes the `mcpServers` JSON that `server.mcp_config()` gives; None: the CLI
-  takes it on its command line);
+  default writes the `mcpServers` JSON that `server.mcp_config()` gives: the relay's
+  command, no secret; None: the CLI takes it on its command line or in its settings);
 - `environment(plan)`: the scrubbed environment of a run (`labrun.agents.cli_process.passed_env`
   helps);
 - `read(event)`: one parsed JSON line of its output as `Started`, `Streamed`, `ToolUsed`,
@@ -75,6 +77,7 @@ import shutil
 import subprocess
 import threading
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -225,7 +228,7 @@ class RunPlan:
     """What is left of the phase's timeout when the run is planned."""
     workspace: Path | None = None
     server: ToolServer | None = None
-    """labrun's MCP tool server (its `url` and bearer `token`)."""
+    """labrun's MCP tool server (its `socket`, which the CLI's relay reaches)."""
     renewed: bool = False
     """The session is resumed by an engine that rendered the phase's system prompt anew
     (the STATE.md digest as it is now), and this is that engine's first run of it."""
@@ -306,8 +309,8 @@ class CliAgent:
         return None
 
     def api_url(self) -> str:
-        """Where the CLI sends its model requests: with labrun's MCP server, the endpoints the
-        egress proxy lets a CLI in a network namespace of labrun's reach, loopback or not."""
+        """Where the CLI sends its model requests: the endpoint the egress proxy lets a CLI in
+        a network namespace of labrun's reach, loopback or not."""
         raise NotImplementedError
 
     def argv(self, plan: RunPlan) -> list[str]:
@@ -343,7 +346,6 @@ class CliAgent:
     def write_mcp_config(self, server: ToolServer, phase_dir: Path) -> Path | None:
         path = phase_dir / f"{self.name}-mcp.json"
         write_atomic(path, json.dumps(server.mcp_config(), indent=2))
-        path.chmod(0o600)
         return path
 
     def system_text(self, toolbox: ToolBox, convo: Conversation, system: str) -> str:
@@ -442,17 +444,26 @@ class CliAgent:
         # What the CLI and its commands may not change or see, kept by a namespace of labrun's:
         # one it gets anyway, or, for a sealed evaluation's files, one it must get.
         guard = plan.sandbox if plan.sandbox is not None and not sandboxed else None
+        if guard is not None and plan.server is not None:  # its relay's way to the engine, under /tmp
+            guard = replace(guard, shown=(*guard.shown, (plan.server.socket, plan.server.socket)))
         namespace = (self.needs_namespace(env) and pid_namespaces()) or bool(
             guard and guard.hidden and egress is None and bubblewrap())
         lifeline = Lifeline() if namespace or sandboxed or egress else None
         secrets = Secrets({k: env.pop(k) for k in list(env) if k in declared or is_secret_name(k)}) if sandboxed else None
         if (sandboxed or egress) and plan.sandbox.egress is not None:
-            allow_endpoints(plan.sandbox.egress, [self.api_url(), *([plan.server.url] if plan.server else [])])
+            allow_endpoints(plan.sandbox.egress, [self.api_url()])
         argv = self.argv(replace(plan, lifeline=lifeline.fd, secrets=secrets) if sandboxed else plan)
+        # The run's one connection to labrun's tools: its relay's, taken before its model's first turn.
+        tools = ExitStack()
+        if plan.server is not None:
+            tools.enter_context(plan.server.listening())
         try:
             with open(stderr_path, "wb") as stderr:
                 proc = spawn(argv, cwd=toolbox.root, env=env, stderr=stderr, namespace=namespace, lifeline=lifeline,
                              keep=(secrets.fd,) if secrets else (), egress=egress, guard=guard)
+        except BaseException:
+            tools.close()
+            raise
         finally:
             if secrets:
                 secrets.close()
@@ -503,6 +514,7 @@ class CliAgent:
                 stop("engine")
                 out.exit_code = proc.wait()
             kill_tree(proc)  # nothing it started outlives it
+            tools.close()
             if lifeline:
                 lifeline.cut()
         stderr_text = stderr_path.read_text(errors="replace")

@@ -12,9 +12,9 @@ docs/agent-clis.md has what the real Codex 0.169 was seen to do.
   resume` has no `--sandbox`): the `workspace-write` sandbox (the workspace writable, and
   nothing else: not /tmp, not `$TMPDIR`; the network on, research needs it), commands get
   only the core environment (`shell_environment_policy.inherit="core"`), no analytics, no
-  update check, labrun's MCP server by URL with its token read from `LABRUN_MCP_TOKEN`
-  (in no argv, no file), approved in advance (`exec` never asks, so an unapproved call
-  fails), with a call timeout above the phase's. The phase's prompt is
+  update check, labrun's MCP server (its stdio relay, `labrun.mcp_tools`: no URL, no
+  token) approved in advance (`exec` never asks, so an unapproved call fails), with a call
+  timeout above the phase's. The phase's prompt is
   `developer_instructions`, which Codex fixes when the thread starts: a resumed phase gets
   labrun's current prompt and STATE.md digest in its first resume prompt instead.
 - **The events.** `thread.started` (the thread id), `item.started`/`item.completed`
@@ -42,8 +42,8 @@ docs/agent-clis.md has what the real Codex 0.169 was seen to do.
   namespace. So labrun runs Codex in a network namespace of its own
   (`in_network_namespace`, with the session's egress proxy; its sandbox cannot nest in a PID
   namespace of labrun's, and needs none): its commands reach the internet through the proxy (HTTP(S)_PROXY set for them by
-  `shell_environment_policy.set`), Codex reaches its API and labrun's MCP server as
-  endpoints the engine names, and none of them the machine's loopback.
+  `shell_environment_policy.set`), Codex reaches its API as an endpoint the engine names,
+  and none of them the machine's loopback.
 
 Settings from the environment: `LABRUN_CODEX` (the executable, default `codex`),
 `OPENAI_BASE_URL` (passed to Codex as `openai_base_url`, which it reads instead of the
@@ -69,6 +69,7 @@ from labrun.agents.cli_agent import (CliAgent, Finished, Outcome, Retrying, RunP
                                      installed, shorten)
 from labrun.agents.cli_process import passed_env
 from labrun.egress import PROXY_URL, PROXY_VARIABLES
+from labrun.mcp_tools import relay
 from labrun.sandbox import Sandbox
 from labrun.settings import settings
 from labrun.usage import Usage
@@ -127,9 +128,10 @@ class CodexAgent(CliAgent):
             "check_for_update_on_startup": False,
         }
         if plan.server is not None:
+            command, *args = relay(plan.server.socket)
             config.update({
-                "mcp_servers.labrun.url": plan.server.url,
-                "mcp_servers.labrun.bearer_token_env_var": "LABRUN_MCP_TOKEN",
+                "mcp_servers.labrun.command": command,
+                "mcp_servers.labrun.args": args,
                 "mcp_servers.labrun.default_tools_approval_mode": "approve",
                 "mcp_servers.labrun.tool_timeout_sec": int(plan.timeout_s) + 300,
             })
@@ -163,8 +165,6 @@ class CodexAgent(CliAgent):
         tmp.mkdir(parents=True, exist_ok=True)
         env["TMPDIR"] = str(tmp)
         env["TZ"] = "UTC"  # its usage-limit message gives the reset in local time
-        if plan.server is not None:
-            env["LABRUN_MCP_TOKEN"] = plan.server.token
         return env
 
     def needs_namespace(self, env: dict[str, str]) -> bool:
@@ -180,7 +180,7 @@ class CodexAgent(CliAgent):
         return replace(sandbox, writable=(*sandbox.writable, session.ws.data / "tmp"))
 
     def write_mcp_config(self, server, phase_dir: Path) -> None:
-        return None  # on the command line, the token in the environment
+        return None  # on the command line
 
     own_network = True
     confines = ("run in Codex's own workspace-write sandbox (no keys), inside labrun's network namespace: egress "

@@ -9,8 +9,9 @@ is Gemini CLI's; docs/agent-clis.md has what the real Gemini CLI 0.61 was seen t
 - **Its home.** `GEMINI_CLI_HOME` is the workspace's `.labrun/gemini/`, never the user's:
   labrun writes its `.gemini/settings.json` before every run (the login's auth type, no
   self-update, no usage statistics, the credentials stripped from its shell's environment,
-  labrun's MCP server with its token read from `LABRUN_MCP_TOKEN`, trusted, with a call
-  timeout above the phase's) and the phase's system prompt as its context file
+  labrun's MCP server, trusted, with a call timeout above the phase's: its stdio relay,
+  `labrun.mcp_tools`, no URL and no token, reaching the engine's socket bound in at
+  `/run/labrun/mcp.sock`) and the phase's system prompt as its context file
   (`context.fileName`), which Gemini CLI appends to its own system prompt and reads anew on
   every run, so a resumed session gets labrun's current prompt and STATE.md digest. Its
   sessions are kept there too, so a resume finds them.
@@ -19,11 +20,10 @@ is Gemini CLI's; docs/agent-clis.md has what the real Gemini CLI 0.61 was seen t
   session's bubblewrap sandbox (`labrun.sandbox`): the workspace and its home writable, the
   rest read-only, a private /tmp, its own PID namespace that dies with the engine (its
   lifeline: a watcher inside that ends it all when the engine's end of a pipe closes), and
-  its own network namespace, whose egress proxy lets exactly its API's and labrun's MCP
-  server's endpoints through besides the internet. The CLI needs them, so `--no-network`
-  cannot be kept for its commands: labrun says so. Its key and labrun's MCP token reach the
-  CLI alone (`Secrets`, and `sealed`: an execute-only node, whose environment its shell
-  commands cannot read).
+  its own network namespace, whose egress proxy lets exactly its API's endpoint through
+  besides the internet. The CLI needs it, so `--no-network` cannot be kept for its
+  commands: labrun says so. Its key reaches the CLI alone (`Secrets`, and `sealed`: an
+  execute-only node, whose environment its shell commands cannot read).
 - **The events.** `init` (the session id), `message`, `tool_use`, `tool_result`, `result`
   (`status`, `error`, `stats`: this run's tokens alone, also after `--resume`).
 - **Cost.** Gemini CLI reports tokens only: labrun prices them (labrun/prices.py) and marks
@@ -60,6 +60,7 @@ from labrun.agents.names import AgentUnavailable
 from labrun.agents.cli_agent import (CliAgent, Finished, Outcome, RunPlan, Started, ToolUsed, Verdict, installed,
                                      shorten)
 from labrun.agents.cli_process import passed_env, version
+from labrun.mcp_tools import relay
 from labrun.sandbox import bubblewrap
 from labrun.settings import settings
 from labrun.usage import Usage
@@ -73,6 +74,8 @@ DEFAULT_API = "https://generativelanguage.googleapis.com"
 TOOLS_NOTE = "gemini.md.j2"
 DEFAULT_MODEL = "gemini-2.5-pro"
 CONTEXT_FILE = "labrun-phase.md"
+MCP_SOCKET = "/run/labrun/mcp.sock"
+"""Where the engine's MCP socket is bound in the sandbox (whose /run is its own)."""
 OAUTH_FILES = ("oauth_creds.json", "google_accounts.json")
 QUOTA_RESETS_IN = ZoneInfo("America/Los_Angeles")  # the Gemini API's per-day quotas reset at midnight there
 TRANSIENT = re.compile(r"\b(429|5\d\d)\b|quota|rate limit|RESOURCE_EXHAUSTED|UNAVAILABLE|overloaded|high demand|"
@@ -133,8 +136,10 @@ class GeminiAgent(CliAgent):
         installed = script.resolve()
         shown = dict.fromkeys([next((p for p in installed.parents if p.name == "node_modules"), installed.parent),
                                script.parent, *(Path(p).parent for p in launcher[:-1])])
-        # no_proxy: none, so that its calls to those endpoints on the loopback go through the proxy too
-        return replace(plan.sandbox, readonly=(*plan.sandbox.readonly, *shown),
+        # The engine's MCP socket, for its relay, at the path its settings name.
+        socket = ((plan.server.socket, Path(MCP_SOCKET)),) if plan.server is not None else ()
+        # no_proxy: none, so that its calls to its API on the loopback go through the proxy too
+        return replace(plan.sandbox, readonly=(*plan.sandbox.readonly, *shown), shown=(*plan.sandbox.shown, *socket),
                        writable=(*plan.sandbox.writable, home), no_proxy="").wrap(cli, plan.lifeline)
 
     def api_url(self) -> str:
@@ -142,7 +147,7 @@ class GeminiAgent(CliAgent):
 
     def write_settings(self, plan: RunPlan, home: Path) -> None:
         """Its settings and labrun's phase prompt in its home, before every run (the MCP
-        server's address changes with each phase, the prompt's digest with each engine)."""
+        socket changes with each phase, the prompt's digest with each engine)."""
         general: dict[str, Any] = {"enableAutoUpdate": False, "enableAutoUpdateNotification": False}
         if self.max_attempts:
             general["maxAttempts"] = self.max_attempts
@@ -155,9 +160,10 @@ class GeminiAgent(CliAgent):
             "context": {"fileName": CONTEXT_FILE},
         }
         if plan.server is not None:
-            settings["mcpServers"] = {"labrun": {
-                "httpUrl": plan.server.url, "trust": True, "timeout": int(plan.timeout_s + 300) * 1000,
-                "headers": {"Authorization": "Bearer ${LABRUN_MCP_TOKEN}"}}}  # expanded from its environment
+            inside = plan.sandbox is not None and plan.lifeline is not None  # as `argv` runs it
+            command, *args = relay(MCP_SOCKET if inside else plan.server.socket)
+            settings["mcpServers"] = {"labrun": {"command": command, "args": args, "trust": True,
+                                                 "timeout": int(plan.timeout_s + 300) * 1000}}
         # Its shell writes its home, in the workspace: written through the workspace's file API,
         # which replaces a link planted there and never follows one.
         files = Beneath(home.parent.parent.resolve())
@@ -174,8 +180,6 @@ class GeminiAgent(CliAgent):
         env = passed_env(names=names)
         env["GEMINI_CLI_HOME"] = str(self.home(plan))
         env["GEMINI_CLI_NO_RELAUNCH"] = "true"  # one process, not a relaunched child with a larger heap
-        if plan.server is not None:
-            env["LABRUN_MCP_TOKEN"] = plan.server.token
         return env
 
     def needs_namespace(self, env: dict[str, str]) -> bool:
@@ -185,7 +189,7 @@ class GeminiAgent(CliAgent):
         return None  # in its settings, written before each run
 
     confines = ("run, with the CLI itself, in labrun's sandbox: writes in the workspace, egress through "
-                "labrun's proxy, none of the CLI's environment (its key, labrun's token)")
+                "labrun's proxy, none of the CLI's environment (its key)")
 
     def version_said(self) -> str:  # its --version says the number alone
         return f"{self.product} {version(self.executable) or 'version unknown'}"
@@ -339,7 +343,7 @@ def login() -> str | None:
 
 def sealed(executable: str) -> list[str]:
     """How to start Gemini CLI so that its shell commands cannot read its environment (its
-    key, labrun's MCP token): its script run by an execute-only copy of node. The kernel
+    key): its script run by an execute-only copy of node. The kernel
     marks a process that runs a program it may not read as not dumpable, and other processes
     of the same user then cannot open its `/proc/<pid>/environ` (nor its memory) without
     CAP_SYS_PTRACE, which nothing in the sandbox has. A launcher that is not a node script
