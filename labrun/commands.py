@@ -145,6 +145,10 @@ def run_command(
         running_groups.discard(proc.pid)
         runner.ended()
     duration = time.monotonic() - start
+    # The command held the log open, and may have made it sparse and huge (ftruncate costs it
+    # nothing): past the limit, its end is not output the engine reads.
+    if log_path.stat().st_size > max_output_bytes:
+        os.truncate(log_path, max_output_bytes)
     _redact_file(log_path)
     with open(log_path, "rb") as f:
         size = f.seek(0, os.SEEK_END)

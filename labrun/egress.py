@@ -17,13 +17,14 @@ against the machine's addresses as they are at that moment, so one added to an i
 the proxy started is refused too. A session may narrow egress to a list of domains (the idea's
 `constraints.allowed_domains`): a domain admits itself and its subdomains.
 
-A coding CLI that runs inside the sandbox (Gemini CLI) must still reach its model API and
-labrun's MCP server, both maybe on the engine's loopback: the engine names those exact
-endpoints (`allow_endpoints`, host and port), and the proxy lets them through whatever their
-address. Nothing else of the engine's side is named, so nothing else is reached.
+A coding CLI in a network namespace of labrun's must still reach its model API, which may be on
+the engine's loopback (a gateway, or the tests' scripted API): such a CLI gets a proxy of its
+own, started for that endpoint (`endpoints`: host and port), which it lets through whatever its
+address. The session's commands (`bash`, `run_experiment`, reruns) go through a proxy started
+with none, so no command of theirs reaches a loopback endpoint at all.
 
-The policy reaches the proxy's process in its environment (the domains) and in a file beside
-its socket (the endpoints), both only the engine's to write.
+The policy reaches the proxy's process in its environment when it starts (the domains, the
+endpoints), and nothing changes it after.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ from typing import Iterable
 
 DOMAINS_VAR = "LABRUN_EGRESS_DOMAINS"
 """JSON list of the domains a session may reach; unset means any."""
+ENDPOINTS_VAR = "LABRUN_EGRESS_ENDPOINTS"
+"""JSON list of the `host:port`s a coding CLI's own proxy lets through whatever their address."""
 IDLE_TIMEOUT_S = 3600
 """How long a connection may carry nothing before the proxy drops it: proxy.py's default, 10 s,
 would cut a model's stream while it thinks and a download while a server prepares it."""
@@ -119,6 +122,8 @@ def checked_address(host: str, port: int, domains: list[str] | None, endpoints: 
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as e:
         raise Refused(f"{host} does not resolve ({e.strerror})") from None
+    except UnicodeError:  # a label over 63 characters, or one IDNA cannot encode
+        raise Refused(f"{host[:80]} is not a host name") from None
     if named:
         return infos[0][4][0]
     own = own_addresses()
@@ -135,23 +140,12 @@ def checked_address(host: str, port: int, domains: list[str] | None, endpoints: 
     raise Refused(f"{said}; the sandbox reaches only hosts on the internet")
 
 
-ENDPOINTS_FILE = "endpoints.json"
-
-
 def endpoint(url: str) -> str:
     """`host:port` of a URL, as the proxy compares it."""
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)
     return f"{(parts.hostname or '').lower()}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
-
-
-def allow_endpoints(proxy_socket: Path, urls: Iterable[str]) -> None:
-    """Let the proxy behind `proxy_socket` reach exactly these URLs' endpoints, besides the
-    internet (replacing those allowed before)."""
-    from labrun.workspace import write_atomic
-
-    write_atomic(proxy_socket.parent / ENDPOINTS_FILE, json.dumps(sorted({endpoint(u) for u in urls})))
 
 
 @lru_cache(maxsize=1)
@@ -161,12 +155,10 @@ def session_domains() -> list[str] | None:
     return None if raw is None else json.loads(raw)
 
 
-def named_endpoints(folder: Path) -> list[str]:
-    """In the proxy's process: the endpoints the engine named last (`allow_endpoints`)."""
-    try:
-        return json.loads((folder / ENDPOINTS_FILE).read_text())
-    except FileNotFoundError:
-        return []
+@lru_cache(maxsize=1)
+def named_endpoints() -> frozenset[str]:
+    """In the proxy's process: the endpoints it was started for (a coding CLI's own proxy)."""
+    return frozenset(json.loads(os.environ.get(ENDPOINTS_VAR) or "[]"))
 
 
 class EgressProxy:
@@ -175,8 +167,11 @@ class EgressProxy:
     a pipe that only the engine holds open: a parent-death signal would come when the
     thread that started it ended)."""
 
-    def __init__(self, domains: list[str] | None):
+    def __init__(self, domains: list[str] | None, endpoints: Iterable[str] = ()):
         self.domains = domains
+        self.endpoints = sorted({endpoint(u) for u in endpoints})
+        """URLs whose `host:port` it reaches whatever their address: only in a coding CLI's own
+        proxy (its model API), never in the one of the session's commands."""
         self.folder = Path(tempfile.mkdtemp(prefix="labrun-egress-"))  # 0700; a short path
         self.socket = self.folder / "proxy.sock"
         self.log = self.folder / "proxy.log"
@@ -186,6 +181,8 @@ class EgressProxy:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LABRUN_EGRESS_")}
         if self.domains is not None:
             env[DOMAINS_VAR] = json.dumps(self.domains)
+        if self.endpoints:
+            env[ENDPOINTS_VAR] = json.dumps(self.endpoints)
         with open(self.log, "ab") as log:
             # Its stdin is the lifeline: a pipe only this process holds open (`egress_proxy.main`).
             self.proc = subprocess.Popen(

@@ -34,8 +34,7 @@ class EgressFilter(HttpProxyBasePlugin):
         host, port = request.host.decode(), request.port
         self.checked = None
         try:
-            address = checked_address(host.strip("[]"), port, session_domains(),
-                                      named_endpoints(Path(self.flags.unix_socket_path).parent))
+            address = checked_address(host.strip("[]"), port, session_domains(), named_endpoints())
         except Refused as e:
             raise HttpRequestRejected(status_code=403, reason=b"Forbidden",
                                       body=f"labrun sandbox: {e}\n".encode()) from None

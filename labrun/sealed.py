@@ -3,8 +3,9 @@ kept outside the workspace, hidden from every command of the agent and never in 
 and run by the engine on the artifact the experiments wrote (`phases.sealed_scoring`).
 
 When a session starts, the sealed files are found (relative to the idea file), checked to
-lie outside the workspace, and their digests recorded; a change to them later is refused
-at scoring time. Hiding them needs bubblewrap: without it, a session that names a sealed
+lie outside the workspace and where no sandbox of any session shows them (under a home or
+the machine's /tmp), and their fingerprints recorded; a change to them later is refused at
+scoring time. Hiding them needs bubblewrap: without it, a session that names a sealed
 evaluation does not start.
 """
 
@@ -15,25 +16,36 @@ import os
 from pathlib import Path
 
 from labrun.idea import Idea, IdeaError
-from labrun.sandbox import HOW_TO_INSTALL, bubblewrap
+from labrun.sandbox import HOW_TO_INSTALL, bubblewrap, homes
 from labrun.state import Sealed
 
 
 def digest(path: Path) -> str:
-    """sha256 of a file, or of a folder's files (their paths and contents); "missing" when gone."""
+    """What changes when the file, or a file of the folder, is changed, moved or replaced: its
+    stat (size, times, inode), never its contents. state.json, which the agent can read, keeps
+    it: a digest of the contents would let the agent check its guesses of the held-out data.
+    "missing" when gone."""
+    def stamp(st: os.stat_result) -> str:
+        return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
+
     h = hashlib.sha256()
     if path.is_file():
-        h.update(path.read_bytes())
+        h.update(stamp(path.stat()).encode())
     elif path.is_dir():
         for folder, names, files in os.walk(path):
             names.sort()
             for name in sorted(files):
                 full = Path(folder) / name
-                h.update(f"{full.relative_to(path)}\0".encode())
-                h.update(hashlib.sha256(full.read_bytes()).digest())
+                h.update(f"{full.relative_to(path)}\0{stamp(full.stat())}\0".encode())
     else:
         return "missing"
     return h.hexdigest()
+
+
+def unseen(path: Path) -> bool:
+    """Whether no sandbox of any session shows `path`: each covers every home, and has a /tmp
+    of its own."""
+    return any(p == path or p in path.parents for p in (*homes(), Path("/tmp")))
 
 
 def seal(idea: Idea, idea_path: Path, workspace: Path | None) -> Sealed | None:
@@ -55,6 +67,9 @@ def seal(idea: Idea, idea_path: Path, workspace: Path | None) -> Sealed | None:
         if workspace is not None and (path == workspace or workspace in path.parents or path in workspace.parents):
             raise IdeaError(where, [f"{where}: sealed_evaluation.{field}: {path} must lie outside the workspace "
                                     f"({workspace}), which the agent reads"])
+        if not unseen(path):
+            raise IdeaError(where, [f"{where}: sealed_evaluation.{field}: {path} lies where other sessions' sandboxes "
+                                    "can read it; keep the sealed files under your home or /tmp, which no sandbox shows"])
         files[field] = path
     python = interpreter_named(wanted.python, Path(idea_path), workspace, where)
     if bubblewrap() is None:

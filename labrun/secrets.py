@@ -46,6 +46,16 @@ declared: set[str] = set()
 """Variables whose values are secrets whatever their names (`declare`)."""
 
 
+URL_CREDENTIALS = re.compile(r"[a-z][a-z0-9+.\-]*://[^/\s:@]*:[^/\s@]+@", re.I)
+"""A URL with a password in it (`postgres://app:pw@db`, `https://__token__:pypi-…@host`)."""
+
+
+def is_secret_value(value: str) -> bool:
+    """A value that holds a secret whatever its variable is called: a URL with a password,
+    or a token of a known shape."""
+    return bool(URL_CREDENTIALS.search(value) or SECRET_SHAPES.search(value))
+
+
 @lru_cache(maxsize=4096)
 def is_secret_name(name: str) -> bool:
     parts = re.split(r"[_\-.]", name.upper())
@@ -64,7 +74,7 @@ def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
     env = os.environ if environ is None else environ
     values = {
         v for k, v in env.items()
-        if (k in declared or is_secret_name(k)) and len(v) >= MIN_SECRET_CHARS
+        if (k in declared or is_secret_name(k) or is_secret_value(v)) and len(v) >= MIN_SECRET_CHARS
         and not (os.path.isabs(v) and os.path.exists(v))
     }
     return sorted(values, key=len, reverse=True)
@@ -94,20 +104,18 @@ _UNRESERVED = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012345678
 
 def escaped(value: str) -> list[Form]:
     """As a URL (percent-encoded, fully or in part, a space also as '+') or a JSON string
-    holds it: each character other than letters, digits and -._ in any of its spellings."""
-    if set(value) <= _UNRESERVED:
-        return []  # nothing to escape: the literal
+    holds it: each character in any of its spellings, letters and digits too (an encoder
+    may escape every byte: `%61%62`, `\\u0061`)."""
     chars = []
     for c in value:
-        if c in _UNRESERVED:
-            chars.append(re.escape(c))
-            continue
         spellings = [re.escape(c), "(?i:" + "".join(f"%{b:02x}" for b in c.encode()) + ")"]
         if c == " ":
             spellings.append(r"\+")
         if json.dumps(c)[1:-1] != c:
             spellings.append("(?i:" + re.escape(json.dumps(c)[1:-1]) + ")")
-        chars.append("(?:" + "|".join(spellings) + ")")
+        if ord(c) < 0x10000:
+            spellings.append(f"(?i:\\\\u{ord(c):04x})")
+        chars.append("(?:" + "|".join(dict.fromkeys(spellings)) + ")")
     return [("".join(chars), True)]
 
 
@@ -181,4 +189,5 @@ def scrubbed_env(keys: Iterable[str] = ()) -> dict[str, str]:
     LABRUN_PASS_ENV (comma-separated)."""
     allow = {n.strip() for n in settings().pass_env.split(",") if n.strip()} | set(keys)
     return {k: v for k, v in os.environ.items()
-            if k in allow or not (k in declared or is_secret_name(k) or k.startswith(ENGINE_PREFIXES))}
+            if k in allow or not (k in declared or is_secret_name(k) or is_secret_value(v)
+                                  or k.startswith(ENGINE_PREFIXES))}

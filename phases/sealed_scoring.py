@@ -101,6 +101,11 @@ def score(session: Session) -> SealedScore:
         return run_scorer(sealed, root, Path(made))
 
 
+MAX_SCORE_BYTES = 64_000
+MAX_SCORES = 10
+"""What a score file may hold: a few numbers (`run_scorer`)."""
+
+
 def run_scorer(sealed: Sealed, root: Path, place: Path) -> SealedScore:
     """Score a copy of the artifact in `place`, a private folder the agent cannot reach."""
     copy = place / "work"
@@ -115,6 +120,9 @@ def run_scorer(sealed: Sealed, root: Path, place: Path) -> SealedScore:
         return SealedScore(status="FAILED", detail=f"the artifact {sealed.artifact} is not read: {why}")
     scorer, data = Path(sealed.scorer), Path(sealed.data) if sealed.data else None
     shown = ((scorer, INSIDE / scorer.name), *(((data, INSIDE / data.name),) if data else ()))
+    if sealed.python:  # its environment at its own path (it finds its packages by where it lies), though in a home
+        environment = Path(sealed.python).parent.parent
+        shown += ((environment, environment),)
     sandbox = Sandbox(root, place / "tmp", network=False, shown=shown, mounted_from=copy)
     program = [sealed.python or interpreter()] if scorer.suffix == ".py" else []
     command = shlex.join([*program, str(INSIDE / scorer.name), str(root / sealed.artifact),
@@ -125,10 +133,16 @@ def run_scorer(sealed: Sealed, root: Path, place: Path) -> SealedScore:
         why = "it timed out" if result.timed_out else f"exit code {result.exit_code}"
         return SealedScore(status="FAILED", detail=f"the scorer failed ({why}); its output is not kept, as it may "
                            "show the held-out data: run the scorer yourself to see why")
-    try:
-        scores = parse_metrics((place / "tmp" / SCORE_FILE.name).read_text())
-    except (OSError, ValueError) as e:
+    try:  # the scorer's folder is the sandbox's /tmp: read as the agent's files are, no link, no FIFO
+        found = parse_metrics(Beneath(place / "tmp").read_text(SCORE_FILE.name, limit=MAX_SCORE_BYTES))
+    except (OSError, ValueError) as e:  # Refused is a ValueError
         return SealedScore(status="FAILED", detail=f"the scorer wrote no readable score ({e})")
+    # Numbers alone, and few: a scorer that runs the artifact (pickle.load) lets the agent's
+    # code write this file, and what it writes must not carry the held-out data out.
+    scores = {k: v for k, v in found.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    if not scores or len(scores) > MAX_SCORES:
+        return SealedScore(status="FAILED", detail=f"the scorer wrote {len(scores)} numeric scores; "
+                           f"a sealed evaluation gives 1 to {MAX_SCORES} numbers")
     shown_scores = ", ".join(f"{k}={v}" for k, v in scores.items()) or "no scores"
     return SealedScore(status="SCORED", scores=scores, detail=f"{sealed.artifact}: {shown_scores}")
 

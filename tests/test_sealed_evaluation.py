@@ -2,9 +2,10 @@
 hidden from every command of the agent, run by the engine on the artifact the experiments
 wrote, and refused when changed during the session.
 
-The sealed files lie under /var/tmp, not /tmp: the sandbox's /tmp is its own, so a file
-under the machine's /tmp would be out of sight whether it is covered up or not. Each probe
-is first shown to work outside the sandbox.
+The sealed files lie in a home (a folder under /var/tmp that HOME names), as labrun asks
+(under a home or /tmp, which no sandbox of any session shows), not under /tmp: the sandbox's
+/tmp is its own, so a file there would be out of sight whatever labrun covered. Each probe is
+first shown to work outside the sandbox.
 """
 
 from __future__ import annotations
@@ -50,9 +51,10 @@ SEALED = """  sealed_evaluation:
 
 
 @pytest.fixture
-def sealed_dir():
-    """An idea with a sealed evaluation, beside its scorer and held-out data, outside /tmp."""
+def sealed_dir(monkeypatch):
+    """An idea with a sealed evaluation, beside its scorer and held-out data, in the home."""
     root = Path(tempfile.mkdtemp(prefix="labrun-sealed-", dir="/var/tmp"))
+    monkeypatch.setenv("HOME", str(root))
     (root / "eval/heldout").mkdir(parents=True)
     (root / "eval/score.py").write_text(SCORER)
     (root / "eval/heldout/labels.txt").write_text(f"a b a {SECRET}\n")
@@ -292,11 +294,11 @@ def test_a_kill_during_sealed_scoring_leaves_nothing_running_and_the_resume_scor
     idea.write_text((sealed_dir / "idea.yaml").read_text().replace("results/predictions.txt", "results/metrics.json"))
     ws = tmp_path / "ws"
     killed = forker.run(["run", str(idea), "--workspace", str(ws), "--agent", "scripted"],
-                        env={"LABRUN_CRASH_AT": "scoring:1"})
+                        env={"LABRUN_CRASH_AT": "scoring:1", "HOME": str(sealed_dir)})
     assert killed.returncode == -9, killed.stderr
     wait_for(lambda: not [p for p in psutil.process_iter(["cmdline"]) if "labrun-sealed/score.py" in
                           " ".join(p.info["cmdline"] or [])], timeout=10, what="the scorer to end with the engine")
-    resumed = forker.run(["resume", str(ws)])
+    resumed = forker.run(["resume", str(ws)], env={"HOME": str(sealed_dir)})
     assert resumed.returncode == 0, resumed.stderr
     status = session_status(ws)
     assert status["session"]["complete"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import threading
 
 import pytest
@@ -154,9 +155,17 @@ def test_a_deep_tree_is_walked_one_folder_at_a_time(tmp_path, resolver):
     os.close(os.open("far.txt", os.O_WRONLY | os.O_CREAT, dir_fd=fd))
     os.close(fd)
     (root / "d" / "f.txt").write_text("x")
-    found = [name for name, _ in Beneath(root).files()]
-    assert found == ["d/f.txt"]  # what lies deeper than MAX_DEPTH is not the work
-    assert list(workspace_files(root)) == ["d/f.txt"]
+    try:
+        found = [name for name, _ in Beneath(root).files()]
+        assert found == ["d/f.txt"]  # what lies deeper than MAX_DEPTH is not the work
+        assert list(workspace_files(root)) == ["d/f.txt"]
+    finally:  # pytest's own clean-up recurses once a level: take the tree down here
+        os.unlink(root / "d" / "f.txt")
+        while (root / "d" / "d").is_dir():  # the next level up, one rename at a time
+            os.rename(root / "d" / "d", root / "up")
+            os.rmdir(root / "d")
+            os.rename(root / "up", root / "d")
+        shutil.rmtree(root / "d")
 
 
 def test_a_folder_where_the_engine_writes_a_file_is_kept_beside_it(tmp_path, resolver):

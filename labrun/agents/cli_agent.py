@@ -94,7 +94,7 @@ from labrun.journal import Conversation
 from labrun.mcp_tools import ToolCall, ToolServer, run_call
 from labrun.model import FatalModelError, TransientModelError, UsageWindowSpent
 from labrun.prices import cost_usd
-from labrun.egress import allow_endpoints
+from labrun.egress import EgressProxy
 from labrun.sandbox import Lifeline, Sandbox, Secrets, bubblewrap, kill_tree, pid_namespaces, spawn
 from labrun.secrets import declared, is_secret_name, redact
 from labrun.settings import settings
@@ -285,21 +285,32 @@ class CliAgent:
         with what `LABRUN_CLI_WRITABLE` names (paths separated by `:`)."""
         return ()
 
-    def sandbox(self, session) -> Sandbox:
+    def sandbox(self, session, proxy: Path | None = None) -> Sandbox:
         """The session's sandbox, with the CLI's own homes writable; for a CLI that runs
-        inside it, with the network, which the CLI needs (its API, labrun's tools) whatever
-        the session says."""
+        inside it or in a network namespace of labrun's, with the network, which the CLI
+        needs (its API) whatever the session says, through `proxy`, its own (`own_proxy`)."""
         sandbox = session.sandbox()
         extra = [Path(p) for p in settings().cli_writable.split(os.pathsep) if p.strip()]
         homes = [h for h in (*self.homes(), *extra) if h.exists()]
         sandbox = replace(sandbox, writable=(*sandbox.writable, *homes))
-        if (self.in_sandbox or self.own_network) and not sandbox.network:
-            if not self.warned_network:
-                log.warning("%s runs inside the sandbox and needs the network (its API, labrun's tools), so its "
-                            "shell commands keep it despite --no-network", self.name)
-                self.warned_network = True
-            sandbox = replace(sandbox, **{f: getattr(session.sandbox(network=True), f) for f in ("network", "egress")})
+        if (self.in_sandbox or self.own_network) and not sandbox.network and not self.warned_network:
+            log.warning("%s runs inside the sandbox and needs the network (its API), so its shell commands keep "
+                        "it despite --no-network", self.name)
+            self.warned_network = True
+        if proxy is not None:
+            sandbox = replace(sandbox, network=True, egress=proxy)
         return sandbox
+
+    def own_proxy(self, session, stack: ExitStack) -> Path | None:
+        """For a CLI in a network namespace of labrun's: an egress proxy of its own, which
+        lets its model API through whatever its address (a gateway or a test's API on the
+        loopback), gone when `stack` closes. The session's commands never get this one: theirs
+        reaches global addresses alone."""
+        if not (self.in_sandbox or self.own_network) or bubblewrap() is None:
+            return None
+        proxy = EgressProxy(session.idea.constraints.allowed_domains, endpoints=[self.api_url()])
+        stack.callback(proxy.stop)
+        return proxy.start()
 
     def egress(self, plan: RunPlan) -> Path | None:
         """For a CLI of `own_network`: the egress proxy's socket, when bubblewrap can give it
@@ -378,7 +389,8 @@ class CliAgent:
         inbox: queue.Queue = queue.Queue()
         failures = 0
         renew = True
-        with ToolServer(inbox) as server:
+        with ToolServer(inbox) as server, ExitStack() as stack:
+            proxy = self.own_proxy(toolbox.session, stack)
             mcp_config = self.write_mcp_config(server, phase_dir)
             while toolbox.completed is None:
                 turns = cli_turns(convo)
@@ -394,7 +406,7 @@ class CliAgent:
                 plan = RunPlan(system_file, mcp_config, session_id, max_turns - turns,
                                timeout_s=deadline - time.monotonic(), workspace=root, server=server,
                                renewed=renew and session_id is not None, web=toolbox.phase.web,
-                               sandbox=self.sandbox(toolbox.session))
+                               sandbox=self.sandbox(toolbox.session, proxy))
                 renew = False
                 out, verdict = agent_run(self, toolbox, convo, inbox, plan, budget, deadline,
                                          phase=phase, number=len(transcripts(phase_dir, self.name)) + 1)
@@ -450,8 +462,6 @@ class CliAgent:
             guard and guard.hidden and egress is None and bubblewrap())
         lifeline = Lifeline() if namespace or sandboxed or egress else None
         secrets = Secrets({k: env.pop(k) for k in list(env) if k in declared or is_secret_name(k)}) if sandboxed else None
-        if (sandboxed or egress) and plan.sandbox.egress is not None:
-            allow_endpoints(plan.sandbox.egress, [self.api_url()])
         argv = self.argv(replace(plan, lifeline=lifeline.fd, secrets=secrets) if sandboxed else plan)
         # The run's one connection to labrun's tools: its relay's, taken before its model's first turn.
         tools = ExitStack()
