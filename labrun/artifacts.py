@@ -24,7 +24,7 @@ from labrun.idea import slugify
 from labrun.secrets import redact
 from labrun.session import Session
 from labrun.settings import settings
-from labrun.state import SessionState
+from labrun.state import SessionState, state_md_text
 from labrun.status import session_status
 
 log = logging.getLogger("labrun")
@@ -164,7 +164,7 @@ class SessionArtifacts:
     def views(self) -> dict[str, Any]:
         report = session_status(self.ws.root)
         return {
-            "state": redact(self.ws.state_md.read_text(encoding="utf-8")),
+            "state": redact(state_md_text(self.ws)),
             "attempts": attempts_table(report),
             "progress": progress(report),
             "usage": usage_table(report),

@@ -21,7 +21,6 @@ showed when the next one replaced it. Attempts keep one numbering across branche
 from __future__ import annotations
 
 import difflib
-import filecmp
 import json
 import os
 import shutil
@@ -39,6 +38,7 @@ from labrun.state import Attempt, Branch, PhaseRecord, SessionState, StateStore,
 from labrun.tools import parse_metrics
 from labrun.usage import Usage
 from labrun.workspace import Workspace
+from labrun.wsfs import Beneath
 
 DIFF_LINES = 40
 """A changed text file's unified diff is cut after this many lines in `labrun diff`."""
@@ -243,11 +243,11 @@ def _clear(session: Session, record: dict[str, Any]) -> None:
     ws = session.ws
     for key in record["replaced"]:
         shutil.rmtree(ws.phase_dir(key), ignore_errors=True)
-    for f in record["created"]:
-        if f.endswith("/"):  # an environment (one entry of labrun.snapshot's)
-            shutil.rmtree(ws.root / f, ignore_errors=True)
-        else:
-            (ws.root / f).unlink(missing_ok=True)
+    for f in record["created"]:  # a file, or an environment (one entry of labrun.snapshot's)
+        try:
+            ws.files.remove(f.rstrip("/"))  # never beneath a link the agent left on the way
+        except (OSError, ValueError):
+            pass
     with session.store._lock:
         session.state.branches[-1].cleaned = True
         session.store.save()
@@ -350,37 +350,48 @@ def diff(root: Path, a: int, b: int) -> dict[str, Any]:
         for att in attempts:
             if att.status == "SUCCESS" and att.metrics_file and att.metrics_file not in metric_files:
                 metric_files.append(att.metrics_file)
+    # The current branch is the agent's workspace, and an archive holds the agent's files:
+    # both are read through the file API, which follows no link the agent left.
+    trees = {n: Beneath(views[n][0]) for n in (a, b)}
     metrics = []
     for f in metric_files:
-        values = {n: _metrics(views[n][0] / f) for n in (a, b)}
+        values = {n: _metrics(trees[n], f) for n in (a, b)}
         for name in dict.fromkeys([*values[a], *values[b]]):
             metrics.append({"file": f, "metric": name, "a": values[a].get(name), "b": values[b].get(name)})
     handed = {f for k in state.phases for f in BY_KEY[k].hands_on}
     paths = sorted((views[a][2] | views[b][2] | handed) - set(metric_files))
     files = []
     for f in paths:
-        pa, pb = views[a][0] / f, views[b][0] / f
-        if not pa.is_file() and not pb.is_file():
+        there = {n: _read(trees[n], f) for n in (a, b)}
+        if there[a] is None and there[b] is None:
             continue
-        if not pb.is_file() or not pa.is_file():
-            files.append({"path": f, "status": f"only in branch {a if pa.is_file() else b}", "diff": []})
+        if there[a] is None or there[b] is None:
+            files.append({"path": f, "status": f"only in branch {a if there[a] is not None else b}", "diff": []})
             continue
-        same = filecmp.cmp(pa, pb, shallow=False)
+        same = there[a] == there[b]
         files.append({"path": f, "status": "same" if same else "changed",
-                      "diff": [] if same else _text_diff(pa, pb, f"branch {a}/{f}", f"branch {b}/{f}")})
+                      "diff": [] if same else _text_diff(there[a], there[b], f"branch {a}/{f}", f"branch {b}/{f}")})
     return {"a": a, "b": b, "metrics": metrics, "files": files}
 
 
-def _metrics(path: Path) -> dict[str, Any]:
+def _read(files: Beneath, rel: str) -> bytes | None:
+    """The file's bytes, None when it is not a regular file reached without a link (or too big)."""
     try:
-        return parse_metrics(path.read_text())
+        return files.read_bytes(rel)
+    except (OSError, ValueError):
+        return None
+
+
+def _metrics(files: Beneath, rel: str) -> dict[str, Any]:
+    try:
+        return parse_metrics(files.read_text(rel))
     except (OSError, ValueError):
         return {}
 
 
-def _text_diff(a: Path, b: Path, name_a: str, name_b: str) -> list[str]:
+def _text_diff(a: bytes, b: bytes, name_a: str, name_b: str) -> list[str]:
     try:
-        lines_a, lines_b = a.read_text().splitlines(), b.read_text().splitlines()
+        lines_a, lines_b = a.decode().splitlines(), b.decode().splitlines()
     except UnicodeDecodeError:
         return ["(binary files differ)"]
     lines = list(difflib.unified_diff(lines_a, lines_b, name_a, name_b, lineterm=""))

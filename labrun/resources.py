@@ -19,9 +19,11 @@ EXAMPLES = resource("examples")
 
 
 @functools.cache
-def template_cache():
+def template_cache(kind: str = "jinja2"):
     """Compiled templates kept between runs (Jinja's cache in the user's temporary folder,
-    keyed by each template's source): compiling them anew costs a run about half a second."""
+    keyed by each template's source): compiling them anew costs a run about half a second.
+    `kind`: one per environment whose options change the compiled code (STATE.md's
+    `finalize`), since the key holds the source alone."""
     from jinja2 import FileSystemBytecodeCache
 
-    return FileSystemBytecodeCache()
+    return FileSystemBytecodeCache(pattern=f"__{kind}_%s.cache")

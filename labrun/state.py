@@ -303,20 +303,32 @@ class SessionState(BaseModel):
         return f"start phase {pending} (`labrun resume {workspace}`)"
 
 
-def _demote_headings(text: str) -> str:
+class Block(str):
+    """Text STATE.md's template may print over several lines (`one_line` leaves it whole)."""
+
+
+def _demote_headings(text: str) -> Block:
     """Agent text may not open a top-level section of its own inside STATE.md."""
-    return re.sub(r"^(#{1,2})(?=\s)", r"##\1", text.strip(), flags=re.M)
+    return Block(re.sub(r"^(#{1,2})(?=\s)", r"##\1", text.strip(), flags=re.M))
+
+
+def one_line(value: Any) -> Any:
+    """Every value STATE.md's template prints stays on its line, unless it is a `Block`: an
+    attempt's purpose, a metric's name or a command cannot start a section of its own."""
+    return value if isinstance(value, Block) or not isinstance(value, str) else " ".join(value.splitlines())
 
 
 _env = Environment(
     loader=FileSystemLoader(TEMPLATES),
-    bytecode_cache=template_cache(),
+    bytecode_cache=template_cache("labrun_state"),
     undefined=StrictUndefined,
     trim_blocks=True,
     lstrip_blocks=True,
     keep_trailing_newline=True,
+    finalize=one_line,
 )
 _env.filters["demote"] = _demote_headings
+_env.filters["block"] = Block
 
 
 def duration(seconds: float) -> str:
@@ -400,6 +412,15 @@ def _why(e: Exception) -> str:
         return "it is not UTF-8"
     first = str(e).splitlines()[0] if str(e) else type(e).__name__
     return first if first == "it is empty" else f"it does not parse: {first}"
+
+
+def state_md_text(ws: Workspace) -> str:
+    """STATE.md as the engine wrote it, read through the workspace's file API; rendered again
+    from state.json when the agent put something else there (a link, a FIFO, a folder)."""
+    try:
+        return ws.files.read_text(ws.state_md, errors="replace")
+    except (OSError, ValueError):  # Refused is a ValueError
+        return render_state_md(load_state(ws)[0], str(ws.root))
 
 
 def load_state(ws: Workspace, restore: bool = False) -> tuple[SessionState, str | None]:

@@ -302,8 +302,11 @@ def parse_metrics(text: str) -> dict[str, Any]:
     def walk(prefix: str, value: Any) -> None:
         if isinstance(value, dict):
             for k, v in value.items():
-                walk(f"{prefix}.{k}" if prefix else str(k), v)
-        elif isinstance(value, (int, float, str)) or value is None:
+                k = " ".join(str(k).split())  # a name on one line: records print it in lines of their own
+                walk(f"{prefix}.{k}" if prefix else k, v)
+        elif isinstance(value, str):
+            flat[prefix] = " ".join(value.split())
+        elif isinstance(value, (int, float)) or value is None:
             flat[prefix] = value
 
     walk("", data)

@@ -23,9 +23,10 @@ def stamp_report(session: Session) -> None:
     """REPORT.md begins with the engine's header (the documentation phase's engine step),
     after its title when it has one; an earlier header is replaced."""
     files = session.ws.files
-    if not files.is_file("REPORT.md"):
+    try:
+        text = ENGINE_BLOCK.sub("", files.read_text("REPORT.md", errors="replace")).lstrip("\n")
+    except (OSError, ValueError):  # none, or not a file the engine reads (a link, a FIFO, too big)
         return
-    text = ENGINE_BLOCK.sub("", files.read_text("REPORT.md", errors="replace")).lstrip("\n")
     title, rest = (text.split("\n", 1) + [""])[:2] if text.startswith("# ") else ("", text)
     head = f"{title}\n\n" if title else ""
     session.ws.write("REPORT.md", head + report_header(session) + rest.lstrip("\n"))

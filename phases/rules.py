@@ -320,15 +320,18 @@ class Compiled:
             if "not compiled" in (work.sections.get(self.section) or "").lower():
                 return []
             return [f"the section {self.section} saying the paper was not compiled (no TeX is installed here)"]
-        main = work.root / self.main
-        pdf = main.with_suffix(".pdf")
+        pdf = str(Path(self.main).with_suffix(".pdf"))
         runs = [a for a in work.own_attempts() if "latexmk" in a.command]
         if not runs or runs[-1].status != "SUCCESS":
             return [f"a successful `latexmk` run of {self.main} through run_experiment"]
-        edited = max((p.stat().st_mtime for p in main.parent.rglob("*")
-                      if p.suffix in (".tex", ".bib", ".sty", ".cls")), default=0)
-        if not pdf.is_file() or pdf.stat().st_mtime < edited:
-            return [f"{pdf.name} compiled after the last edit of the paper's sources (compile again)"]
+        edited = max((st.st_mtime for f, st in work.fs.files(os.path.dirname(self.main))
+                      if Path(f).suffix in (".tex", ".bib", ".sty", ".cls")), default=0)
+        try:
+            made = work.fs.lstat(pdf) if work.fs.is_file(pdf) else None
+        except Refused:
+            made = None
+        if made is None or made.st_mtime < edited:
+            return [f"{Path(pdf).name} compiled after the last edit of the paper's sources (compile again)"]
         return []
 
     def describe(self) -> str:

@@ -49,8 +49,10 @@ def cmd_check(args) -> int:
 
 
 def cmd_state(args) -> int:
-    path = session_dir(args.workspace) / "STATE.md"
-    sys.stdout.write(path.read_text())
+    from labrun.state import state_md_text
+    from labrun.workspace import Workspace
+
+    sys.stdout.write(state_md_text(Workspace(session_dir(args.workspace))))
     return 0
 
 
