@@ -23,7 +23,18 @@ def to_cli(engine: socket.socket) -> None:
     os._exit(0)  # the engine ended the session: so does the relay, and the CLI sees its server gone
 
 
+def undumpable() -> None:
+    """No process of the same user may take a copy of the relay's connection (`pidfd_getfd`,
+    `/proc/PID/fd`) or read its memory: inside Gemini CLI's sandbox the CLI's shell is such a
+    process, and without capabilities it cannot attach to a process that is not dumpable."""
+    import ctypes
+
+    PR_SET_DUMPABLE = 4
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
 def main(path: str) -> int:
+    undumpable()
     engine = socket.socket(socket.AF_UNIX)
     try:
         engine.connect(path)

@@ -13,6 +13,15 @@ def add_usd(a: float, b: float) -> float:
     return float(Decimal(repr(a)) + Decimal(repr(b)))
 
 
+def count(value: object) -> int:
+    """A count read from a coding CLI's records, which its shell may write: a whole number,
+    never below 0 (a forged record cannot refund the budget); 0 when it is no number."""
+    try:
+        return max(0, int(value or 0))
+    except (TypeError, ValueError, OverflowError):
+        return 0
+
+
 class Usage(BaseModel):
     input_tokens: int = 0
     output_tokens: int = 0

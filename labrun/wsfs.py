@@ -253,7 +253,7 @@ class Beneath:
             data = data.encode("utf-8")
         parts = self._rel(path)
         staging = self.mkdirs(self.staging)
-        name = f"{parts[-1][:100]}.{secrets.token_hex(6)}"
+        name = f"write-{secrets.token_hex(8)}"
         parent = None
         try:
             fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
@@ -267,15 +267,17 @@ class Beneath:
                 parent = self.mkdirs("/".join(parts[:-1]))
                 if before_rename:
                     before_rename()
-                try:
-                    os.replace(name, parts[-1], src_dir_fd=staging, dst_dir_fd=parent)
-                except (IsADirectoryError, OSError) as e:
-                    if e.errno not in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST):
-                        raise
-                    # A folder where the engine writes a file (the agent made it): kept, beside.
-                    os.replace(parts[-1], f"{parts[-1]}.in-the-way-{secrets.token_hex(3)}",
-                               src_dir_fd=parent, dst_dir_fd=parent)
-                    os.replace(name, parts[-1], src_dir_fd=staging, dst_dir_fd=parent)
+                for tries in range(3, -1, -1):
+                    try:
+                        os.replace(name, parts[-1], src_dir_fd=staging, dst_dir_fd=parent)
+                        break
+                    except OSError as e:
+                        if not tries or e.errno not in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST, errno.EACCES):
+                            raise
+                        if e.errno == errno.EACCES:  # the agent took its folder's write bit: the owner gives it back
+                            os.fchmod(parent, stat.S_IMODE(os.fstat(parent).st_mode) | stat.S_IRWXU)
+                        else:  # a folder the agent made at the engine's name: kept, beside
+                            self.set_aside(path, "in-the-way")
                 os.fsync(parent)
             except BaseException:
                 try:
@@ -300,6 +302,21 @@ class Beneath:
             return _copy(fd, dst, st.st_size <= digest_up_to), st
         finally:
             os.close(fd)
+
+    def set_aside(self, path: str | Path, why: str) -> str | None:
+        """Rename what lies at `path` (a file, a folder or a link, not followed) to
+        `<name>.<why>-<random>` beside it: out of the way, nothing lost. Its new name, or
+        None when nothing was there."""
+        parts = self._rel(path)
+        parent = self._dir(parts[:-1])
+        aside = f"{parts[-1]}.{why}-{secrets.token_hex(3)}"
+        try:
+            os.rename(parts[-1], aside, src_dir_fd=parent, dst_dir_fd=parent)
+        except FileNotFoundError:
+            return None
+        finally:
+            os.close(parent)
+        return "/".join((*parts[:-1], aside))
 
     def readlink(self, path: str | Path) -> str:
         """What the link `path` says, read, never followed."""
@@ -344,19 +361,66 @@ class Beneath:
 
     def remove(self, path: str | Path) -> None:
         """Remove the file, link or folder (whole) at `path`, reached without a link: what
-        lies beneath a link in the way is never touched."""
-        import shutil
-
+        lies beneath a link in the way is never touched. A folder is first moved into the
+        staging folder, and each folder in it moved up beside it before it is emptied, so
+        any depth takes one descriptor and no recursion (`shutil.rmtree` recurses)."""
         parts = self._rel(path)
         parent = self._dir(parts[:-1])
         try:
-            st = os.stat(parts[-1], dir_fd=parent, follow_symlinks=False)
-            if stat.S_ISDIR(st.st_mode):
-                shutil.rmtree(parts[-1], dir_fd=parent)  # descriptor-based: follows no link
-            else:
-                os.unlink(parts[-1], dir_fd=parent)
+            if not stat.S_ISDIR(os.stat(parts[-1], dir_fd=parent, follow_symlinks=False).st_mode):
+                return os.unlink(parts[-1], dir_fd=parent)
+            grave_name = f"{self.staging}/remove-{secrets.token_hex(6)}"
+            grave = self.mkdirs(grave_name)
+            os.rename(parts[-1], "0", src_dir_fd=parent, dst_dir_fd=grave)
         finally:
             os.close(parent)
+        try:
+            folders, n = ["0"], 0
+            while n < len(folders):
+                fd = os.open(folders[n], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=grave)
+                n += 1
+                try:
+                    for name in os.listdir(fd):
+                        if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                            os.rename(name, str(len(folders)), src_dir_fd=fd, dst_dir_fd=grave)
+                            folders.append(str(len(folders)))
+                        else:
+                            os.unlink(name, dir_fd=fd)
+                finally:
+                    os.close(fd)
+            for name in folders:
+                os.rmdir(name, dir_fd=grave)
+        finally:
+            os.close(grave)
+        staging = self._dir(self._rel(self.staging))
+        try:
+            os.rmdir(grave_name.rsplit("/", 1)[1], dir_fd=staging)
+        finally:
+            os.close(staging)
+
+    def folders(self, path: str | Path = "", skip: Callable[[str, list[str]], bool] = lambda rel, names: False
+                ) -> list[str]:
+        """Every folder beneath `path` (relative paths), reached without a link, no deeper than
+        `MAX_DEPTH`; `skip(rel, names)` (a folder and the names in it) leaves one out, and
+        what it holds."""
+        found, todo = [], [self._rel(path) if str(path) not in ("", ".") else ()]
+        while todo:
+            parts = todo.pop()
+            try:
+                entries = self.entries("/".join(parts))
+            except (OSError, Refused):
+                continue
+            for name, st in entries:
+                if stat.S_ISDIR(st.st_mode) and len(parts) < MAX_DEPTH:
+                    rel = "/".join((*parts, name))
+                    try:
+                        inside = [n for n, _ in self.entries(rel)]
+                    except (OSError, Refused):
+                        continue
+                    if not skip(rel, inside):
+                        found.append(rel)
+                        todo.append((*parts, name))
+        return found
 
 
 def _copy(fd: int, dst: Path, digest: bool) -> str | None:

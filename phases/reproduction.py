@@ -145,7 +145,7 @@ def rerun(session: Session, attempt: Attempt, left_s: float, tolerance: float) -
     if differences:
         return Reproduction(status="DIVERGED", detail="; ".join(differences), metrics=metrics, **recorded)
     for made in ("work", "tmp"):  # kept only when it differs, to look into
-        shutil.rmtree(place / made, ignore_errors=True)
+        clear(session, place / made)
     return Reproduction(status="REPRODUCED", metrics=metrics, **recorded,
                         detail=f"{len(attempt.metrics)} metric{'s' * (len(attempt.metrics) != 1)} the same, "
                                f"within a relative {tolerance:g}")
@@ -175,7 +175,7 @@ def rebuild(session: Session, attempt: Attempt, place: Path) -> tuple[Path, list
     """The workspace as `attempt` found it, in `place/work` (made anew); its environments'
     paths; and, when it cannot be rebuilt, why."""
     root = session.ws.root
-    shutil.rmtree(place, ignore_errors=True)
+    clear(session, place)
     copy = place / "work"
     copy.mkdir(parents=True)
     before = (session.attempt_files(attempt.n) or {}).get("before")
@@ -233,14 +233,19 @@ def fetch(session: Session, rel: str, digest: str, target: Path) -> bool:
 def folders(root: Path, environments: list[str]) -> list[str]:
     """The workspace's folders now, as `snapshot.workspace_files` walks it: no link, environment
     (it is bound in whole), cache or engine folder."""
-    found = []
-    for path, names, _ in os.walk(root):
-        names[:] = [n for n in names if n not in SKIPPED_NAMES and n not in ENVIRONMENT_NAMES
-                    and not os.path.islink(os.path.join(path, n))
-                    and os.path.relpath(os.path.join(path, n), root) not in environments
-                    and not any(os.path.exists(os.path.join(path, n, m)) for m in (*ENVIRONMENT_MARKERS, CACHE_MARKER))]
-        found += [os.path.relpath(os.path.join(path, n), root) for n in names]
-    return found
+    def skip(rel: str, names: list[str]) -> bool:
+        return (rel.rsplit("/", 1)[-1] in SKIPPED_NAMES | ENVIRONMENT_NAMES or rel in environments
+                or bool(set(names) & {*ENVIRONMENT_MARKERS, CACHE_MARKER}))
+
+    return Beneath(root).folders(skip=skip)
+
+
+def clear(session: Session, place: Path) -> None:
+    """Remove a rerun's folder, which its code wrote (any depth, no link followed)."""
+    try:
+        session.ws.files.remove(place)
+    except (OSError, ValueError):
+        pass  # not there
 
 
 def compare(recorded: dict[str, Any], rerun: dict[str, Any], tolerance: float) -> list[str]:

@@ -79,7 +79,7 @@ from labrun.agents.cli_agent import (CliAgent, Finished, Outcome, Retrying, RunP
                                      ToolUsed, Verdict, Window, installed)
 from labrun.agents.cli_process import passed_env
 from labrun.settings import settings
-from labrun.usage import Usage
+from labrun.usage import Usage, count
 from labrun.windows import clock
 
 TOOLS_NOTE = "claude_code.md.j2"
@@ -123,7 +123,9 @@ class ClaudeCodeAgent(CliAgent):
         self.auth = settings().claude_auth
         if self.auth not in ("auto", "subscription", "api-key"):
             raise AgentUnavailable(f"LABRUN_CLAUDE_AUTH={self.auth!r}: use `auto`, `subscription` or `api-key`")
-        self.snapshot_off = has_option(self.executable, "--system-prompt-snapshot")  # asked once, before any phase
+        options = help_text(self.executable)  # asked once, before any phase
+        self.snapshot_off = "--system-prompt-snapshot" in options
+        self.user_settings_only = "--setting-sources" in options
 
     # -- the command line and the environment ---------------------------------------------------
 
@@ -134,6 +136,8 @@ class ClaudeCodeAgent(CliAgent):
                 "--max-turns", str(max(1, plan.turns_left))]
         if self.snapshot_off:
             argv += ["--system-prompt-snapshot", "off"]
+        if self.user_settings_only:  # the workspace's .claude/settings*.json are the agent's: their hooks would run
+            argv += ["--setting-sources", "user"]
         if self.model:
             argv += ["--model", self.model]
         if plan.session_id:
@@ -283,8 +287,8 @@ class ClaudeCodeAgent(CliAgent):
 
 def tokens(usage: dict[str, Any] | None) -> Usage:
     u = usage or {}
-    return Usage(**{k: int(u.get(k) or 0) for k in ("input_tokens", "output_tokens", "cache_read_input_tokens",
-                                                     "cache_creation_input_tokens")})
+    return Usage(**{k: count(u.get(k)) for k in ("input_tokens", "output_tokens", "cache_read_input_tokens",
+                                                  "cache_creation_input_tokens")})
 
 
 def said_by(out: Outcome) -> str:
@@ -360,9 +364,9 @@ def can_sandbox() -> bool:
 
 
 @lru_cache(maxsize=8)
-def has_option(executable: str, option: str) -> bool:
+def help_text(executable: str) -> str:
+    """What `claude --help` says (the options this version has); empty when it says nothing."""
     try:
-        text = subprocess.run([executable, "--help"], capture_output=True, text=True, timeout=60).stdout
+        return subprocess.run([executable, "--help"], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.TimeoutExpired):
-        return False
-    return option in text
+        return ""

@@ -52,6 +52,7 @@ variable), `CODEX_HOME`, `LABRUN_PHASE_TIMEOUT_S`, `LABRUN_CLI_GRACE_S`.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -72,7 +73,8 @@ from labrun.egress import PROXY_URL, PROXY_VARIABLES
 from labrun.mcp_tools import relay
 from labrun.sandbox import Sandbox
 from labrun.settings import settings
-from labrun.usage import Usage
+from labrun.usage import Usage, count
+from labrun.wsfs import Beneath
 from labrun.windows import clock
 
 TOOLS_NOTE = "codex.md.j2"
@@ -271,9 +273,10 @@ def tokens(usage: dict[str, Any] | None) -> Usage:
     """Codex's counts in labrun's fields: its `input_tokens` include the cached and the
     cache-written ones, which labrun counts apart (as the Messages API does)."""
     u = usage or {}
-    cached, written = int(u.get("cached_input_tokens") or 0), int(u.get("cache_write_input_tokens") or 0)
-    return Usage(input_tokens=int(u.get("input_tokens") or 0) - cached - written, output_tokens=int(
-        u.get("output_tokens") or 0), cache_read_input_tokens=cached, cache_creation_input_tokens=written)
+    cached, written = count(u.get("cached_input_tokens")), count(u.get("cache_write_input_tokens"))
+    return Usage(input_tokens=max(0, count(u.get("input_tokens")) - cached - written),
+                 output_tokens=count(u.get("output_tokens")), cache_read_input_tokens=cached,
+                 cache_creation_input_tokens=written)
 
 
 def rollout_totals(home: Path, thread: str) -> tuple[Usage, Usage] | None:
@@ -282,9 +285,16 @@ def rollout_totals(home: Path, thread: str) -> tuple[Usage, Usage] | None:
     event, written just after the record: a run killed between them restores less than it
     billed, and its next total counts on from there)."""
     billed = restored = None
-    for path in sorted((home / "sessions").glob(f"**/rollout-*-{thread}.jsonl")):
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
+    files = Beneath(home)  # a CLI's home: read as the agent's files are (no link, no FIFO, bounded)
+    rollouts = sorted(f for f, _ in files.files("sessions") if fnmatch.fnmatch(f.rsplit("/", 1)[-1],
+                                                                                f"rollout-*-{thread}.jsonl"))
+    for path in rollouts:
+        try:
+            lines = open(files.open_file(path), encoding="utf-8", errors="replace")  # streamed: a rollout grows long
+        except (OSError, ValueError):
+            continue
+        with lines:
+            for line in lines:
                 if '"token_count"' not in line and '"token_usage_record"' not in line:
                     continue
                 try:

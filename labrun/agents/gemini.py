@@ -45,11 +45,13 @@ Settings from the environment: `LABRUN_GEMINI` (the executable, default `gemini`
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
 import os
 import re
 import shutil
+import stat
 from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -63,7 +65,7 @@ from labrun.agents.cli_process import passed_env, version
 from labrun.mcp_tools import relay
 from labrun.sandbox import bubblewrap
 from labrun.settings import settings
-from labrun.usage import Usage
+from labrun.usage import Usage, count
 from labrun.windows import clock
 from labrun.wsfs import Beneath
 
@@ -157,6 +159,7 @@ class GeminiAgent(CliAgent):
                          "environmentVariableRedaction": {"enabled": True}},  # no credentials in its shell
             "general": general,
             "privacy": {"usageStatisticsEnabled": False},
+            "advanced": {"ignoreLocalEnv": True},  # the workspace's .env (the experiments' keys) stays out of it
             "context": {"fileName": CONTEXT_FILE},
         }
         if plan.server is not None:
@@ -168,6 +171,17 @@ class GeminiAgent(CliAgent):
         # which replaces a link planted there and never follows one.
         files = Beneath(home.parent.parent.resolve())
         config = home.relative_to(home.parent.parent) / ".gemini"
+        # It loads variables it has not got from the first of these it finds (GOOGLE_GEMINI_BASE_URL
+        # would send its key elsewhere); each is the shell's to write, so none is left for it.
+        for env_file in (".gemini/.env", config / ".env", config.parent / ".env"):
+            folder = Path(env_file).parent
+            try:  # a folder on the way that is a link (it would follow it) goes aside whole
+                st = files.lstat(folder)
+                gone = files.set_aside(folder if st and stat.S_ISLNK(st.st_mode) else env_file, "set-aside-by-labrun")
+            except (OSError, ValueError):
+                continue
+            if gone is not None:
+                log.warning("%s: set aside as %s (Gemini CLI would load it into its own environment)", env_file, gone)
         files.write(config / "settings.json", json.dumps(settings, indent=2))
         files.write(config / CONTEXT_FILE, plan.system_file.read_text())
         if not self.login.startswith("API key"):
@@ -265,26 +279,33 @@ def tokens(stats: dict[str, Any]) -> Usage:
     """A run's `result.stats` in labrun's fields: its `input_tokens` include the cached ones,
     which labrun counts apart; what `total_tokens` has beyond input and output is the
     model's thinking, billed as output."""
-    prompt, cached = int(stats.get("input_tokens") or 0), int(stats.get("cached") or 0)
-    output = max(int(stats.get("output_tokens") or 0), int(stats.get("total_tokens") or 0) - prompt)
-    return Usage(input_tokens=prompt - cached, output_tokens=output, cache_read_input_tokens=cached)
+    prompt, cached = count(stats.get("input_tokens")), count(stats.get("cached"))
+    output = max(count(stats.get("output_tokens")), count(stats.get("total_tokens")) - prompt)
+    return Usage(input_tokens=max(0, prompt - cached), output_tokens=output, cache_read_input_tokens=cached)
 
 
 def tokens_of_reply(counts: dict[str, Any]) -> Usage:
     """One response's `tokens` in the session file (`input` includes `cached`)."""
-    cached = int(counts.get("cached") or 0)
-    return Usage(input_tokens=int(counts.get("input") or 0) - cached,
-                 output_tokens=int(counts.get("output") or 0) + int(counts.get("thoughts") or 0),
+    cached = count(counts.get("cached"))
+    return Usage(input_tokens=max(0, count(counts.get("input")) - cached),
+                 output_tokens=count(counts.get("output")) + count(counts.get("thoughts")),
                  cache_read_input_tokens=cached)
 
 
 def session_replies(home: Path, session_id: str, since: float) -> list[dict[str, Any]]:
     """The model's responses recorded in the session's file (`.gemini/tmp/<project>/chats/`,
-    JSON lines: messages, and `$set` updates that may hold them too) from `since` on."""
+    JSON lines: messages, and `$set` updates that may hold them too) from `since` on. Its
+    shell writes its home: read as the agent's files are (no link, no FIFO)."""
+    files = Beneath(home)
+    pattern = f".gemini/tmp/*/chats/session-*-{session_id[:8]}.jsonl"
     found: dict[str, dict[str, Any]] = {}
-    for path in sorted(home.glob(f".gemini/tmp/*/chats/session-*-{session_id[:8]}.jsonl")):
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
+    for path in sorted(f for f, _ in files.files(".gemini/tmp") if fnmatch.fnmatch(f, pattern)):
+        try:
+            lines = open(files.open_file(path), encoding="utf-8", errors="replace")  # streamed: a chat grows long
+        except (OSError, ValueError):
+            continue
+        with lines:
+            for line in lines:
                 try:
                     record = json.loads(line)
                 except ValueError:
