@@ -172,7 +172,9 @@ class EgressProxy:
         self.endpoints = sorted({endpoint(u) for u in endpoints})
         """URLs whose `host:port` it reaches whatever their address: only in a coding CLI's own
         proxy (its model API), never in the one of the session's commands."""
-        self.folder = Path(tempfile.mkdtemp(prefix="labrun-egress-"))  # 0700; a short path
+        # 0700, a short path, and under the machine's /tmp, which every sandbox replaces with
+        # its own (TMPDIR may name a folder a sandbox shows: its socket would be in reach).
+        self.folder = Path(tempfile.mkdtemp(prefix="labrun-egress-", dir="/tmp"))
         self.socket = self.folder / "proxy.sock"
         self.log = self.folder / "proxy.log"
         self.proc: subprocess.Popen | None = None

@@ -58,6 +58,7 @@ import psutil
 from labrun.egress import BRIDGE_PORT, PROXY_URL, PROXY_VARIABLES
 from labrun.interrupts import dies_with_labrun
 from labrun.settings import settings
+from labrun.wsfs import Beneath
 
 log = logging.getLogger("labrun")
 
@@ -176,7 +177,7 @@ class Sandbox:
         args += ["--setenv", "TMPDIR", "/tmp"]
         if self.cache:
             args += ["--setenv", "HOME", str(self.cache / "home")]
-            (self.cache / "home").mkdir(exist_ok=True)
+            own_folder(self.cache / "home")
             for name, sub in CACHE_VARIABLES.items():
                 args += ["--setenv", name, str(self.cache / sub)]
         before = ""
@@ -184,6 +185,15 @@ class Sandbox:
             args += ["--ro-bind", str(self.egress), EGRESS_SOCKET, *proxy_variables(self.no_proxy)]
             before = bridge(EGRESS_SOCKET)
         return [*args, "--chdir", str(self.workspace), "--", *watched(argv, lifeline, before)]
+
+
+def own_folder(path: Path) -> None:
+    """`path` a folder again, whatever a command left in its place (a file, a link: set aside
+    beside it, not followed)."""
+    files = Beneath(path.parent)
+    if not files.is_dir(path.name):
+        files.set_aside(path.name, "in-the-way")
+        path.mkdir()
 
 
 def cover(paths: Iterable[Path]) -> list[str]:

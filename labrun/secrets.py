@@ -21,7 +21,10 @@ from labrun.settings import settings
 # Name parts (split on _ - .) that say a variable holds a secret: GITHUB_TOKEN, DB_PASSWORD,
 # AWS_SECRET_ACCESS_KEY; never GIT_AUTHOR_NAME, TOKENIZERS_PARALLELISM or KEYBOARD.
 SECRET_PARTS = {"KEY", "KEYS", "APIKEY", "TOKEN", "TOKENS", "SECRET", "SECRETS", "PASSWORD",
-                "PASSWD", "PASSPHRASE", "CREDENTIAL", "CREDENTIALS", "AUTH", "PAT"}
+                "PASSWD", "PASSPHRASE", "CREDENTIAL", "CREDENTIALS", "AUTH", "PAT", "PASS", "PWD", "PW",
+                "JWT", "WEBHOOK"}
+NOT_SECRET_NAMES = {"PWD", "OLDPWD"}
+"""The shell's working folders, whatever their parts say."""
 SECRET_SUFFIXES = ("PASSWORD", "PASSWD", "TOKEN", "SECRET", "APIKEY")  # PGPASSWORD, ACCESSTOKEN
 MIN_SECRET_CHARS = 8
 WORD_SAFE_CHARS = 16
@@ -39,8 +42,15 @@ SECRET_SHAPES = re.compile(
     r"|hf_[A-Za-z]{34}" + _END +  # Hugging Face
     r"|(?:AKIA|ASIA)[0-9A-Z]{16}" + _END +  # AWS access key ids
     r"|xox[abposr]-(?:\d+-){2,3}[A-Za-z0-9]{24,}" + _END +  # Slack: numeric ids, then the secret
+    r"|AIza[0-9A-Za-z_\-]{35}" + _END +  # Google API keys
+    r"|(?:sk|rk)_live_[0-9A-Za-z]{20,}" + _END +  # Stripe
+    r"|eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"  # a JSON web token
+    r"|https://hooks\.slack\.com/services/[A-Za-z0-9/]{20,}"
+    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----"
     ")"
 )
+SECRET_SETTINGS = re.compile(r"(?i)(?:^|[;&?\s])(?:password|passwd|pwd|accountkey|sharedaccesskey|secret)=[^;&\s]")
+"""A value that carries a password as a setting: a connection string, a URL's query."""
 REDACTED = "[REDACTED]"
 declared: set[str] = set()
 """Variables whose values are secrets whatever their names (`declare`)."""
@@ -53,11 +63,13 @@ URL_CREDENTIALS = re.compile(r"[a-z][a-z0-9+.\-]*://[^/\s:@]*:[^/\s@]+@", re.I)
 def is_secret_value(value: str) -> bool:
     """A value that holds a secret whatever its variable is called: a URL with a password,
     or a token of a known shape."""
-    return bool(URL_CREDENTIALS.search(value) or SECRET_SHAPES.search(value))
+    return bool(URL_CREDENTIALS.search(value) or SECRET_SHAPES.search(value) or SECRET_SETTINGS.search(value))
 
 
 @lru_cache(maxsize=4096)
 def is_secret_name(name: str) -> bool:
+    if name in NOT_SECRET_NAMES:
+        return False
     parts = re.split(r"[_\-.]", name.upper())
     return any(p in SECRET_PARTS or p.endswith(SECRET_SUFFIXES) for p in parts)
 
@@ -73,9 +85,10 @@ def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
     existing absolute path (SSH_AUTH_SOCK, a key file's location) is a place, not a secret."""
     env = os.environ if environ is None else environ
     values = {
-        v for k, v in env.items()
-        if (k in declared or is_secret_name(k) or is_secret_value(v)) and len(v) >= MIN_SECRET_CHARS
-        and not (os.path.isabs(v) and os.path.exists(v))
+        form for k, v in env.items()
+        if k in declared or is_secret_name(k) or is_secret_value(v)
+        for form in (v, v.strip())  # a value read from a CRLF file ends in "\r"; a program strips it
+        if len(form) >= MIN_SECRET_CHARS and not (os.path.isabs(form) and os.path.exists(form))
     }
     return sorted(values, key=len, reverse=True)
 
@@ -113,6 +126,8 @@ def escaped(value: str) -> list[Form]:
             spellings.append(r"\+")
         if json.dumps(c)[1:-1] != c:
             spellings.append("(?i:" + re.escape(json.dumps(c)[1:-1]) + ")")
+        if c == "/":
+            spellings.append(re.escape("\\/"))  # JSON's other spelling of it (PHP writes it so)
         if ord(c) < 0x10000:
             spellings.append(f"(?i:\\\\u{ord(c):04x})")
         chars.append("(?:" + "|".join(dict.fromkeys(spellings)) + ")")
@@ -174,8 +189,8 @@ def redact_data(data: Any) -> Any:
         return redact(data)
     if isinstance(data, list):
         return [redact_data(v) for v in data]
-    if isinstance(data, dict):
-        return {k: redact_data(v) for k, v in data.items()}
+    if isinstance(data, dict):  # keys too: a file's name may hold a key
+        return {redact(k) if isinstance(k, str) else k: redact_data(v) for k, v in data.items()}
     return data
 
 

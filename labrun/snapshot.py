@@ -131,6 +131,8 @@ def _walk(files: Beneath, found: dict[str, str], cache: "DigestCache") -> None:
         try:
             entries = []
             for name in os.listdir(fd):
+                if not name.isprintable() or _undecodable(name):
+                    continue  # a name no record can hold (odd bytes, line breaks): not part of the work
                 try:
                     entries.append((name, os.stat(name, dir_fd=fd, follow_symlinks=False)))
                 except OSError:
@@ -157,11 +159,25 @@ def _walk(files: Beneath, found: dict[str, str], cache: "DigestCache") -> None:
             os.close(fd)
 
 
+def _undecodable(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+        return False
+    except UnicodeEncodeError:  # bytes that were not UTF-8, kept as surrogates
+        return True
+
+
 def environment_digest(path: Path) -> str:
     """Changes when packages come or go: the mtimes of the environment's package folders."""
-    stamps = [str(path.stat().st_mtime_ns)]
+    def mtime(p: str | Path) -> int:  # its own, not a link's target: a dangling one is no error
+        try:
+            return os.stat(p, follow_symlinks=False).st_mtime_ns
+        except OSError:
+            return 0
+
+    stamps = [str(mtime(path))]
     for pattern in PACKAGE_FOLDERS:
-        stamps += [f"{p}:{os.stat(p).st_mtime_ns}" for p in sorted(glob.glob(str(path / pattern)))]
+        stamps += [f"{p}:{mtime(p)}" for p in sorted(glob.glob(str(path / pattern)))]
     return "env:" + hashlib.sha256("\n".join(stamps).encode()).hexdigest()[:16]
 
 

@@ -308,8 +308,11 @@ class Block(str):
 
 
 def _demote_headings(text: str) -> Block:
-    """Agent text may not open a top-level section of its own inside STATE.md."""
-    return Block(re.sub(r"^(#{1,2})(?=\s)", r"##\1", text.strip(), flags=re.M))
+    """Agent text may not open a top-level section of its own inside STATE.md: its lines,
+    broken at every line boundary a reader knows (`\r`, `\v`, U+2028, ...), end in `\n`
+    alone before a heading is looked for."""
+    lines = "\n".join(text.strip().splitlines())
+    return Block(re.sub(r"^(#{1,2})(?=\s)", r"##\1", lines, flags=re.M))
 
 
 def one_line(value: Any) -> Any:

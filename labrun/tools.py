@@ -302,10 +302,10 @@ def parse_metrics(text: str) -> dict[str, Any]:
     def walk(prefix: str, value: Any) -> None:
         if isinstance(value, dict):
             for k, v in value.items():
-                k = " ".join(str(k).split())  # a name on one line: records print it in lines of their own
+                k = redact(" ".join(str(k).split()))  # a name on one line: records print it in lines of their own
                 walk(f"{prefix}.{k}" if prefix else k, v)
-        elif isinstance(value, str):
-            flat[prefix] = " ".join(value.split())
+        elif isinstance(value, str):  # redacted here: the records, Prefect's results too, keep what this returns
+            flat[prefix] = redact(" ".join(value.split()))
         elif isinstance(value, (int, float)) or value is None:
             flat[prefix] = value
 

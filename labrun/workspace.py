@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from labrun.crashpoints import crashpoint
+from labrun.secrets import redact_data
 from labrun.settings import settings
 from labrun.wsfs import Beneath
 
@@ -50,7 +51,8 @@ class Workspace:
         self.files.write(path, text, before_rename=lambda: crashpoint("atomic-write"))
 
     def write_json(self, path: Path | str, data: Any) -> None:
-        self.write(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+        """Engine records (manifests, attempts' files): secrets redacted, keys included."""
+        self.write(path, json.dumps(redact_data(data), indent=2, sort_keys=True) + "\n")
 
     def phase_dir(self, key: str) -> Path:
         return self.data / "phases" / key

@@ -33,6 +33,16 @@ recorded: it reruns the attempts behind met criteria and scores the sealed evalu
 artifact, and heads REPORT.md with the outcome."""
 
 
+def engine_steps(session: Session, phase_key: str) -> list:
+    """The phase's engine steps; every phase after documentation (the paper) may edit
+    REPORT.md, so each stamps its header again, last: no phase can edit it away."""
+    steps = list(ENGINE_STEPS.get(phase_key, ()))
+    order = list(session.state.phases)
+    if "documentation" in order and order.index(phase_key) > order.index("documentation"):
+        steps.append(stamp_report)
+    return steps
+
+
 def toolbox(session: Session, phase: Phase) -> ToolBox:
     """The agent's tools for one phase; its experiment attempts are Prefect subtasks."""
     return ToolBox(session, phase, start_attempt)
@@ -115,7 +125,7 @@ def run_phase(session_id: str, workspace: str, phase_key: str, number: int, vers
         agent = make_agent(session.state.agent, session.state.model, session.ws.root)
         agent.run_phase(toolbox(session, phase), convo, start["text"], session.max_turns(phase), session.budget())
     completion = convo.completion()
-    for step in ENGINE_STEPS.get(phase_key, ()):
+    for step in engine_steps(session, phase_key):
         step(session)
 
     files_now = workspace_files(session.ws.root)
