@@ -77,6 +77,8 @@ EGRESS_SOCKET = "/run/labrun/egress.sock"
 """Where the egress proxy's socket is bound inside the sandbox."""
 BRIDGE = Path(__file__).with_name("netbridge.py")
 """Run from its text: an installed labrun may lie where the sandbox shows nothing (under /tmp)."""
+NO_KEYRINGS = Path(__file__).with_name("no_keyrings.py")
+"""Run from its text too: what every command of the sandbox is started through."""
 HOMES = ("/root", "/home")
 """Every user's home, covered whole: no list of credential stores, which any tool can outgrow."""
 ROOT_SECRETS = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/ssh/ssh_host_*key",
@@ -184,7 +186,7 @@ class Sandbox:
         if self.network and self.egress:
             args += ["--ro-bind", str(self.egress), EGRESS_SOCKET, *proxy_variables(self.no_proxy)]
             before = bridge(EGRESS_SOCKET)
-        return [*args, "--chdir", str(self.workspace), "--", *watched(argv, lifeline, before)]
+        return [*args, "--chdir", str(self.workspace), "--", *watched(argv, lifeline, before, keyrings=False)]
 
 
 def own_folder(path: Path) -> None:
@@ -224,11 +226,14 @@ def bridge(socket_path: str, lifeline: int | None = None) -> str:
     return f"{started} </dev/null >/dev/null 2>&1 {'' if lifeline is not None else '{fd}<&- '}&& "
 
 
-def watched(argv: list[str], lifeline: int, before: str = "") -> list[str]:
+def watched(argv: list[str], lifeline: int, before: str = "", keyrings: bool = True) -> list[str]:
     """`argv` with the lifeline's watcher beside it: run in a PID namespace of bubblewrap's,
     everything in it ends when the engine's end of the lifeline closes. `before`: a shell
-    command (and `&& `) that must succeed first, such as the network bridge."""
+    command (and `&& `) that must succeed first, such as the network bridge. Without
+    `keyrings`, `argv` runs with the kernel's keyrings out of its reach (`no_keyrings`)."""
     script = _WATCHER.format(fd=lifeline, before=before.replace("{fd}", str(lifeline)))
+    if not keyrings:
+        argv = [interpreter(), "-I", "-c", NO_KEYRINGS.read_text(), *argv]
     return ["bash", "-c", script, "labrun-lifeline", *argv]
 
 

@@ -157,3 +157,46 @@ def test_without_bubblewrap_commands_run_and_the_user_is_told_once(session, tmp_
     assert "one" in first and "two" in second
     warnings = [r.getMessage() for r in caplog.records if "unsandboxed" in r.getMessage()]
     assert len(warnings) == 1 and "apt-get install bubblewrap" in warnings[0]
+
+
+KEYRING_PROBE = """
+import ctypes, sys
+calls = {"x86_64": (248, 250), "aarch64": (217, 219)}[sys.argv[1]]
+libc = ctypes.CDLL(None, use_errno=True)
+buf = ctypes.create_string_buffer(64)
+got = libc.syscall(calls[1], 11, int(sys.argv[2]), buf, 64)  # KEYCTL_READ
+print("READ", buf.value.decode() if got > 0 else f"refused {ctypes.get_errno()}")
+"""
+
+KEYRING_ENGINE = """
+import ctypes, platform, subprocess, sys, tempfile
+from pathlib import Path
+from labrun.sandbox import Lifeline, Sandbox
+add_key, keyctl = {"x86_64": (248, 250), "aarch64": (217, 219)}[platform.machine()]
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall(keyctl, 1, None)  # KEYCTL_JOIN_SESSION_KEYRING: a keyring of this engine's, as a login makes
+key = libc.syscall(add_key, b"user", b"krb5cc:labrun-test", b"TICKET-7f3a", 11, ctypes.c_int(-3))
+probe = [sys.executable, "-c", sys.argv[1], platform.machine(), str(key)]
+print("OUTSIDE", subprocess.run(probe, capture_output=True, text=True).stdout.strip())
+ws = Path(tempfile.mkdtemp())
+(ws / ".labrun").mkdir()
+lifeline = Lifeline()
+inside = [Path(sys.base_prefix, "bin", "python3").as_posix(), "-c", sys.argv[1], platform.machine(), str(key)]
+proc = lifeline.popen(Sandbox(ws, ws / ".labrun" / "tmp", (ws / ".labrun",), network=False).wrap(inside, lifeline.fd),
+                      stdout=subprocess.PIPE, text=True)
+print("INSIDE", proc.communicate()[0].strip())
+lifeline.cut()
+"""
+
+
+@needs_bwrap
+def test_a_command_cannot_read_the_engines_kernel_keyring():
+    """A login puts keys in the session keyring (Kerberos tickets, tools' tokens), and every
+    process inherits it: read outside the sandbox, refused inside (seccomp, `no_keyrings`)."""
+    import platform
+    if platform.machine() not in ("x86_64", "aarch64"):
+        pytest.skip(f"the keyring calls' numbers are known for x86_64 and aarch64, not {platform.machine()}")
+    said = subprocess.run([sys.executable, "-c", KEYRING_ENGINE, KEYRING_PROBE], capture_output=True, text=True,
+                          timeout=60)
+    assert "OUTSIDE READ TICKET-7f3a" in said.stdout, said.stdout + said.stderr  # the weak target
+    assert "INSIDE READ refused 1" in said.stdout, said.stdout + said.stderr  # EPERM
