@@ -176,7 +176,10 @@ class Sandbox:
         args += cover(p for p in self.hidden if Path("/tmp") not in p.parents or self.workspace in p.parents)
         for source, where in self.shown:
             args += ["--ro-bind", str(source), str(where)]
-        args += ["--setenv", "TMPDIR", "/tmp"]
+        # Last on the PATH, the Python labrun runs on (shown read-only above): a `python3` where the
+        # user's lies in a home the sandbox covers (pyenv's shims), and none other is installed.
+        path = os.environ.get("PATH", os.defpath)
+        args += ["--setenv", "TMPDIR", "/tmp", "--setenv", "PATH", f"{path}{os.pathsep}{Path(sys.base_prefix, 'bin')}"]
         if self.cache:
             args += ["--setenv", "HOME", str(self.cache / "home")]
             own_folder(self.cache / "home")

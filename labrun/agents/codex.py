@@ -175,10 +175,10 @@ class CodexAgent(CliAgent):
     def homes(self) -> tuple[Path, ...]:
         return (self.home,)
 
-    def sandbox(self, session) -> Sandbox:
+    def sandbox(self, session, proxy: Path | None = None) -> Sandbox:
         """The session's, with the temp folder it gives Codex (TMPDIR) writable inside the
         read-only `.labrun/`."""
-        sandbox = super().sandbox(session)
+        sandbox = super().sandbox(session, proxy)
         return replace(sandbox, writable=(*sandbox.writable, session.ws.data / "tmp"))
 
     def write_mcp_config(self, server, phase_dir: Path) -> None:
