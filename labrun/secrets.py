@@ -42,15 +42,19 @@ SECRET_SHAPES = re.compile(
     r"|hf_[A-Za-z]{34}" + _END +  # Hugging Face
     r"|(?:AKIA|ASIA)[0-9A-Z]{16}" + _END +  # AWS access key ids
     r"|xox[abposr]-(?:\d+-){2,3}[A-Za-z0-9]{24,}" + _END +  # Slack: numeric ids, then the secret
-    r"|AIza[0-9A-Za-z_\-]{35}" + _END +  # Google API keys
+    r"|AIza[0-9A-Za-z_\-]{30,40}" + _END +  # Google API keys
     r"|(?:sk|rk)_live_[0-9A-Za-z]{20,}" + _END +  # Stripe
     r"|eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"  # a JSON web token
     r"|https://hooks\.slack\.com/services/[A-Za-z0-9/]{20,}"
     r"|-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----"
     ")"
 )
-SECRET_SETTINGS = re.compile(r"(?i)(?:^|[;&?\s])(?:password|passwd|pwd|accountkey|sharedaccesskey|secret)=[^;&\s]")
-"""A value that carries a password as a setting: a connection string, a URL's query."""
+SECRET_SETTINGS = re.compile(
+    r"(?i)(?:^|[;&?\s])(?:password|passwd|pwd|accountkey|sharedaccesskey|secret)=[^;&\s]"  # a connection string, a query
+    r"|authorization:\s*(?:basic|bearer|token)\s+\S{8,}"  # a header kept in a variable (git's extraheader in CI)
+    r"|[a-z][a-z0-9+.\-]*://[A-Za-z0-9_\-]{16,}@"  # a token as a URL's user name (Gemfury, GitLab)
+)
+"""A value that carries a secret as a setting, whatever the variable is called."""
 REDACTED = "[REDACTED]"
 declared: set[str] = set()
 """Variables whose values are secrets whatever their names (`declare`)."""

@@ -489,7 +489,10 @@ class StateStore:
                 self.state.elapsed_s = round(self._clock[0] + time.monotonic() - self._clock[1], 1)
             _keep_previous(self.ws.state_file)
             self.ws.write(self.ws.state_file, redact(self.state.model_dump_json(indent=2)))
-            self.ws.write(self.ws.state_md, render_state_md(self.state, str(self.ws.root)))
+            try:
+                self.ws.write(self.ws.state_md, render_state_md(self.state, str(self.ws.root)))
+            except OSError as e:  # an agent process racing the engine for its name: state.json holds it all
+                log.warning("STATE.md not rewritten this time (%s); the next change writes it again", e)
             for listener in self.listeners:
                 listener(self.state)
 

@@ -16,6 +16,7 @@ def report_header(session: Session) -> str:
     lines = ["<!-- labrun:checks -->", *reproduction_lines(session)]
     if (sealed := sealed_line(session)) is not None:
         lines += [">", sealed]
+    lines = [" ".join(line.splitlines()) for line in lines]  # a metric's name cannot add a line of its own
     return "\n".join([*lines, "<!-- /labrun:checks -->"]) + "\n\n"
 
 
