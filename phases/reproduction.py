@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import os
 import shutil
 import stat
@@ -252,14 +253,15 @@ def compare(recorded: dict[str, Any], rerun: dict[str, Any], tolerance: float) -
     """What differs, one item per metric ([] when the rerun matches)."""
     found = []
     for key, value in recorded.items():
+        name = re.sub(r"([*_`\\])", r"\\\1", key)  # the agent's name, shown as written, not as emphasis
         if key not in rerun:
-            found.append(f"{key} missing from the rerun")
+            found.append(f"{name} missing from the rerun")
             continue
         again = rerun[key]
         numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (value, again))
         same = math.isclose(value, again, rel_tol=tolerance, abs_tol=1e-12) if numbers else value == again
         if not same:
-            found.append(f"{key} {value} then {again}")
+            found.append(f"{name} {value} then {again}")
     return found
 
 
