@@ -145,3 +145,50 @@ def test_agent_text_cannot_add_lines_or_sections_to_the_engines_records(tmp_path
         assert "experiments: DONE" not in parse_state_md(text)["Current State"]
     finally:
         session.close()
+
+
+def test_no_path_a_tool_is_given_reaches_outside(tmp_path, prefect_api):
+    """Generated paths, for every tool argument that names one (the editor's `path` in each
+    command, `run_experiment`'s `metrics_file` and `outputs`): through links planted in and
+    out of the workspace, `..`, absolute and hidden names, nothing outside is read or written."""
+    from hypothesis import HealthCheck, given, settings, strategies as st
+
+    from labrun.phases import BY_KEY
+    from labrun.phases.phase import toolbox
+    from labrun.session import Session
+    from support import DEMO_IDEA
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "m.json").write_text(json.dumps({"token": SECRET}))
+    (outside / "notes").write_text(SECRET)
+    session = Session.open(tmp_path / "ws", DEMO_IDEA, "scripted")
+    root = session.ws.root
+    (root / "sub").mkdir()
+    (root / "sub" / "m.json").write_text('{"ok": 1}')
+    (root / "out").symlink_to(outside)
+    (root / "sub" / "up").symlink_to("../..")
+    (root / "m.json").symlink_to(outside / "m.json")
+    box = toolbox(session, BY_KEY["experiments"])
+    parts = st.sampled_from(["out", "up", "sub", "..", ".", ".labrun", "m.json", "notes", str(outside), str(root)])
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(path=st.lists(parts, min_size=1, max_size=4).map("/".join),
+           tool=st.sampled_from(["view", "create", "str_replace", "insert", "metrics_file", "outputs"]))
+    def check(path, tool):
+        if tool in ("metrics_file", "outputs"):
+            inp = {"command": "true", "purpose": "probe", tool: [path] if tool == "outputs" else path,
+                   "fix_applied": "another path"}
+            said = box.call("run_experiment", inp)
+        else:
+            inp = {"command": tool, "path": path, "file_text": "x", "old_str": "token", "new_str": "t",
+                   "insert_line": 0, "insert_text": "x"}
+            said = box.call("str_replace_based_edit_tool", inp)
+        assert SECRET not in said.content, (path, tool, said.content)
+        assert (outside / "notes").read_text() == SECRET and SECRET in (outside / "m.json").read_text()
+        assert sorted(p.name for p in outside.iterdir()) == ["m.json", "notes"]
+
+    try:
+        check()
+    finally:
+        session.close()
