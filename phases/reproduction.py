@@ -37,7 +37,6 @@ import json
 import math
 import re
 import os
-import shutil
 import stat
 from dataclasses import replace
 from pathlib import Path

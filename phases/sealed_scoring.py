@@ -23,7 +23,6 @@ and held-out data (`labrun.sealed`).
 
 from __future__ import annotations
 
-import os
 import shlex
 import shutil
 import tempfile
