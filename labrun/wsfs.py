@@ -180,6 +180,16 @@ class Beneath:
     def read_text(self, path: str | Path, errors: str = "strict", limit: int = READ_LIMIT) -> str:
         return self.read_bytes(path, limit).decode("utf-8", errors=errors)
 
+    def lines(self, path: str | Path) -> Iterator[str]:
+        """The text file's lines, streamed (a CLI's log grows long); none when it is not a
+        regular file reached without a link."""
+        try:
+            f = open(self.open_file(path), encoding="utf-8", errors="replace")
+        except (OSError, Refused):
+            return
+        with f:
+            yield from f
+
     def _dir(self, parts: tuple[str, ...]) -> int:
         """The folder `parts` (the root for none), opened without following a link."""
         if not parts:

@@ -289,23 +289,18 @@ def rollout_totals(home: Path, thread: str) -> tuple[Usage, Usage] | None:
     rollouts = sorted(f for f, _ in files.files("sessions") if fnmatch.fnmatch(f.rsplit("/", 1)[-1],
                                                                                 f"rollout-*-{thread}.jsonl"))
     for path in rollouts:
-        try:
-            lines = open(files.open_file(path), encoding="utf-8", errors="replace")  # streamed: a rollout grows long
-        except (OSError, ValueError):
-            continue
-        with lines:
-            for line in lines:
-                if '"token_count"' not in line and '"token_usage_record"' not in line:
-                    continue
-                try:
-                    record = json.loads(line)
-                    payload = record["payload"]
-                    if record.get("type") == "token_usage_record":
-                        billed = tokens(payload["thread_token_usage"])
-                    elif payload.get("type") == "token_count" and payload.get("info"):
-                        restored = tokens(payload["info"]["total_token_usage"])
-                except (ValueError, KeyError, TypeError, AttributeError):
-                    continue
+        for line in files.lines(path):
+            if '"token_count"' not in line and '"token_usage_record"' not in line:
+                continue
+            try:
+                record = json.loads(line)
+                payload = record["payload"]
+                if record.get("type") == "token_usage_record":
+                    billed = tokens(payload["thread_token_usage"])
+                elif payload.get("type") == "token_count" and payload.get("info"):
+                    restored = tokens(payload["info"]["total_token_usage"])
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue
     if billed is None and restored is None:
         return None
     return billed or restored, restored or Usage()

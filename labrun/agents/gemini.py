@@ -300,23 +300,18 @@ def session_replies(home: Path, session_id: str, since: float) -> list[dict[str,
     pattern = f".gemini/tmp/*/chats/session-*-{session_id[:8]}.jsonl"
     found: dict[str, dict[str, Any]] = {}
     for path in sorted(f for f, _ in files.files(".gemini/tmp") if fnmatch.fnmatch(f, pattern)):
-        try:
-            lines = open(files.open_file(path), encoding="utf-8", errors="replace")  # streamed: a chat grows long
-        except (OSError, ValueError):
-            continue
-        with lines:
-            for line in lines:
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue  # a line cut off by a kill
-                if not isinstance(record, dict):
-                    continue
-                if record.get("sessionId") not in (None, session_id):
-                    break
-                for message in (record.get("$set") or {}).get("messages") or [record]:
-                    if isinstance(message, dict) and message.get("type") == "gemini" and message.get("tokens"):
-                        found[message.get("id") or str(len(found))] = message
+        for line in files.lines(path):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # a line cut off by a kill
+            if not isinstance(record, dict):
+                continue
+            if record.get("sessionId") not in (None, session_id):
+                break
+            for message in (record.get("$set") or {}).get("messages") or [record]:
+                if isinstance(message, dict) and message.get("type") == "gemini" and message.get("tokens"):
+                    found[message.get("id") or str(len(found))] = message
     return [m for m in found.values() if _epoch(m.get("timestamp")) >= since]
 
 
