@@ -117,54 +117,34 @@ def _cache_for(root: Path) -> "DigestCache":
 
 
 def _walk(files: Beneath, found: dict[str, str], cache: "DigestCache") -> None:
-    """Every folder beneath the root, one open at a time (no recursion: any depth), each
-    reached without a link; a folder's markers say what it is, whatever its name."""
-    todo: list[tuple[str, ...]] = [()]
+    """Every folder beneath the root, through the workspace's file API (no link followed, any
+    depth, one folder open at a time); a folder's markers say what it is, whatever its name."""
+    todo: list[str] = [""]
     while todo:
-        parts = todo.pop()
-        rel = "".join(p + "/" for p in parts)
-        try:
-            fd = files.open("/".join(parts), os.O_RDONLY | os.O_DIRECTORY) if parts else \
-                os.open(files.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except (OSError, Refused):  # gone meanwhile, swapped for a link, or unreadable: not the work
+        rel = todo.pop()
+        try:  # a name no record can hold (odd bytes, line breaks) is not part of the work
+            entries = [(name, st) for name, st in files.entries(rel) if name.isprintable()]
+        except (OSError, Refused):  # gone meanwhile, swapped for a link, or unreadable
             continue
-        try:
-            entries = []
-            for name in os.listdir(fd):
-                if not name.isprintable() or _undecodable(name):
-                    continue  # a name no record can hold (odd bytes, line breaks): not part of the work
+        names = {name for name, _ in entries}
+        if rel and CACHE_MARKER in names:
+            continue
+        if rel and names & ENVIRONMENT_MARKERS:
+            found[rel + "/"] = environment_digest(files.root / rel)
+            continue
+        for name, st in entries:
+            path = f"{rel}/{name}" if rel else name
+            if stat.S_ISDIR(st.st_mode):
+                if name in ENVIRONMENT_NAMES:
+                    found[path + "/"] = environment_digest(files.root / path)
+                elif name not in SKIPPED_NAMES and path.count("/") < MAX_DEPTH:
+                    todo.append(path)
+            elif stat.S_ISREG(st.st_mode):
                 try:
-                    entries.append((name, os.stat(name, dir_fd=fd, follow_symlinks=False)))
-                except OSError:
+                    fd = files.open_file(path)
+                    found[path] = cache.digest(path, fd, os.fstat(fd))
+                except (OSError, Refused):  # gone, swapped, or unreadable meanwhile
                     continue
-            names = {name for name, _ in entries}
-            if parts and CACHE_MARKER in names:
-                continue
-            if parts and names & ENVIRONMENT_MARKERS:
-                found[rel] = environment_digest(files.root.joinpath(*parts))
-                continue
-            for name, st in entries:
-                if stat.S_ISDIR(st.st_mode):
-                    if name in ENVIRONMENT_NAMES:
-                        found[rel + name + "/"] = environment_digest(files.root.joinpath(*parts, name))
-                    elif name not in SKIPPED_NAMES and len(parts) < MAX_DEPTH:
-                        todo.append((*parts, name))
-                elif stat.S_ISREG(st.st_mode):
-                    try:
-                        file = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
-                        found[rel + name] = cache.digest(rel + name, file, os.fstat(file))
-                    except OSError:
-                        continue
-        finally:
-            os.close(fd)
-
-
-def _undecodable(name: str) -> bool:
-    try:
-        name.encode("utf-8")
-        return False
-    except UnicodeEncodeError:  # bytes that were not UTF-8, kept as surrogates
-        return True
 
 
 def environment_digest(path: Path) -> str:
