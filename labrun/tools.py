@@ -162,7 +162,8 @@ class ToolBox:
         `bash` sees in the sandbox)."""
         files = self.session.ws.files
         try:
-            rel = agent_path(inp.path, self.root) if inp.path.rstrip("/") != str(self.root) else "."
+            whole = inp.path.strip().rstrip("/") in ("", ".", str(self.root))  # the workspace itself: view lists it
+            rel = "." if whole else agent_path(inp.path, self.root)
             if rel != "." and (st := files.lstat(rel)) is not None and stat.S_ISLNK(st.st_mode):
                 raise Refused(f"{rel} is a link; labrun follows no link in the workspace")
             if inp.command == "view":

@@ -121,14 +121,15 @@ class Beneath:
         self.staging = staging
         """Where `write` makes its files, beneath the root: a folder only the engine writes."""
 
-    def _rel(self, path: str | Path) -> tuple[str, ...]:
+    def _rel(self, path: str | Path, root_ok: bool = False) -> tuple[str, ...]:
         """The components of `path` (relative, or absolute under the root), as the engine
-        names it; `..` never appears in an engine's path, so it is refused, not resolved."""
+        names it (with `root_ok`, none for the root itself); `..` never appears in an engine's
+        path, so it is refused, not resolved."""
         p = Path(path)
         if p.is_absolute():
             p = p.relative_to(self.root)
         parts = tuple(x for x in p.parts if x != ".")
-        if not parts or ".." in parts:
+        if (not parts and not root_ok) or ".." in parts:
             raise Refused(f"{path}: not a path beneath {self.root}")
         return parts
 
@@ -173,8 +174,7 @@ class Beneath:
         with os.fdopen(self.open_file(path), "rb") as f:
             data = f.read(limit + 1)
         if len(data) > limit:
-            raise Refused(f"{path} holds more than {limit >> 20 or limit} {'MB' if limit >> 20 else 'bytes'}, "
-                          "more than labrun reads of one file")
+            raise Refused(f"{path} holds more than {limit:,} bytes, more than labrun reads of one file")
         return data
 
     def read_text(self, path: str | Path, errors: str = "strict", limit: int = READ_LIMIT) -> str:
@@ -234,7 +234,7 @@ class Beneath:
         where a link or a file stands in the way."""
         fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            for part in (self._rel(path) if str(path) not in ("", ".") else ()):
+            for part in self._rel(path, root_ok=True):
                 try:
                     os.mkdir(part, 0o755, dir_fd=fd)
                 except FileExistsError:
@@ -340,7 +340,7 @@ class Beneath:
     def entries(self, path: str | Path = "") -> list[tuple[str, os.stat_result]]:
         """The folder's entries, each with its own stat (a link's, not its target's), the
         folder reached without a link."""
-        fd = self._dir(self._rel(path) if str(path) not in ("", ".") else ())
+        fd = self._dir(self._rel(path, root_ok=True))
         try:
             found = []
             for name in os.listdir(fd):
@@ -356,7 +356,7 @@ class Beneath:
         """Every regular file beneath `path` (relative path, its stat), never through a link,
         no deeper than `MAX_DEPTH`; with `links`, the links too (not followed). One folder is
         open at a time, whatever the depth."""
-        todo = [self._rel(path) if str(path) not in ("", ".") else ()]
+        todo = [self._rel(path, root_ok=True)]
         while todo:
             parts = todo.pop()
             try:
@@ -413,7 +413,7 @@ class Beneath:
         """Every folder beneath `path` (relative paths), reached without a link, no deeper than
         `MAX_DEPTH`; `skip(rel, names)` (a folder and the names in it) leaves one out, and
         what it holds."""
-        found, todo = [], [self._rel(path) if str(path) not in ("", ".") else ()]
+        found, todo = [], [self._rel(path, root_ok=True)]
         while todo:
             parts = todo.pop()
             try:

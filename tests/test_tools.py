@@ -185,3 +185,11 @@ def test_any_other_changed_file_allows_the_same_command_again(session, prefect_a
     retry = b.call("run_experiment", {**run, "fix_applied": f"changed {changed}"})
     assert not retry.is_error and "Attempt 2:" in retry.content
     assert ("Attempt 2: SUCCESS" in retry.content) == (changed == "config.json")
+
+
+def test_the_editor_lists_the_workspace_however_it_is_named(session):
+    b = box(session)
+    (session.ws.root / "notes.md").write_text("x\n")
+    for path in (".", "./", str(session.ws.root), f"{session.ws.root}/"):
+        listed = b.call("str_replace_based_edit_tool", {"command": "view", "path": path})
+        assert not listed.is_error and "notes.md" in listed.content and ".labrun" not in listed.content, path
