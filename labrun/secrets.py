@@ -53,6 +53,7 @@ SECRET_SETTINGS = re.compile(
     r"(?i)(?:^|[;&?\s])(?:password|passwd|pwd|accountkey|sharedaccesskey|secret)=[^;&\s]"  # a connection string, a query
     r"|authorization:\s*(?:basic|bearer|token)\s+\S{8,}"  # a header kept in a variable (git's extraheader in CI)
     r"|[a-z][a-z0-9+.\-]*://[A-Za-z0-9_\-]{16,}@"  # a token as a URL's user name (Gemfury, GitLab)
+    r"|[a-z][a-z0-9+.\-]*://[^/\s:@]*:[^/\s@]+@"  # a URL with a password (`postgres://app:pw@db`)
 )
 """A value that carries a secret as a setting, whatever the variable is called."""
 REDACTED = "[REDACTED]"
@@ -60,14 +61,11 @@ declared: set[str] = set()
 """Variables whose values are secrets whatever their names (`declare`)."""
 
 
-URL_CREDENTIALS = re.compile(r"[a-z][a-z0-9+.\-]*://[^/\s:@]*:[^/\s@]+@", re.I)
-"""A URL with a password in it (`postgres://app:pw@db`, `https://__token__:pypi-…@host`)."""
-
-
+@lru_cache(maxsize=4096)
 def is_secret_value(value: str) -> bool:
-    """A value that holds a secret whatever its variable is called: a URL with a password,
-    or a token of a known shape."""
-    return bool(URL_CREDENTIALS.search(value) or SECRET_SHAPES.search(value) or SECRET_SETTINGS.search(value))
+    """A value that holds a secret whatever its variable is called: a token of a known shape,
+    or a secret kept as a setting (a URL's password, a connection string's)."""
+    return bool(SECRET_SHAPES.search(value) or SECRET_SETTINGS.search(value))
 
 
 @lru_cache(maxsize=4096)
@@ -114,9 +112,6 @@ def literal(value: str) -> list[Form]:
 
 def backwards(value: str) -> list[Form]:
     return [(re.escape(value[::-1]), True)]
-
-
-_UNRESERVED = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._")
 
 
 def escaped(value: str) -> list[Form]:
