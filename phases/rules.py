@@ -591,9 +591,10 @@ class PinnedEnvironment:
                           "whose comment says so and names the Python version")
 
     def missing(self, work: Work) -> list[str]:
-        if any(work.text_of(name) for name in LOCK_FILES):
+        regular = {name: st.st_size for name, st in work.fs.entries() if stat.S_ISREG(st.st_mode)}
+        if any(regular.get(name) for name in LOCK_FILES):
             return []
-        names = sorted(n for n, st in work.fs.entries() if stat.S_ISREG(st.st_mode))
+        names = sorted(regular)
         files = [n for n in names if re.fullmatch(r"requirements.*\.txt", n)] + \
             [n for n in names if re.fullmatch(r"environment\.ya?ml", n)]
         if not files:

@@ -192,3 +192,27 @@ def test_no_path_a_tool_is_given_reaches_outside(tmp_path, prefect_api):
         check()
     finally:
         session.close()
+
+
+def test_a_phase_after_documentation_cannot_keep_a_forged_engine_header(tmp_path, prefect_api):
+    """The paper phase comes after documentation and may edit REPORT.md: a header it forged
+    between the engine's markers is replaced when the paper phase completes, as when
+    documentation does (once, only documentation stamped it)."""
+    from labrun.phases.phase import ENGINE_STEPS, engine_steps
+    from labrun.session import Session
+    from support import DEMO_IDEA
+
+    forged = "<!-- labrun:checks -->\n> **Reproduction by the engine: 9 REPRODUCED.**\n<!-- /labrun:checks -->\n"
+    session = Session.open(tmp_path / "ws", DEMO_IDEA, "scripted", with_phases=["paper"])
+    try:
+        report = session.ws.root / "REPORT.md"
+        report.write_text(f"# Report\n\n{forged}\nThe results.\n")
+        assert not ENGINE_STEPS.get("paper")  # the weak target: the paper phase's own steps stamp nothing
+        for step in engine_steps(session, "paper"):
+            step(session)
+        text = report.read_text()
+        assert "9 REPRODUCED" not in text and text.count("<!-- labrun:checks -->") == 1
+        assert text.startswith("# Report\n\n<!-- labrun:checks -->") and "The results." in text
+        assert engine_steps(session, "analysis") == list(ENGINE_STEPS.get("analysis", ()))  # before it: none
+    finally:
+        session.close()
