@@ -289,7 +289,7 @@ NUMBER = _c(
     r"|[0-9]*\.[0-9]+|[0-9]+)"
     r"(?P<exponent>[eE][-+]?[0-9]+|\s*[×xX·*]\s*" + EXPONENT_10 + r")?)"
     r"(?![0-9]|\.[0-9])"
-    r"(?P<unit>\s*(?:(?P<pp>(?:percentage|percent)[\s-]*points?\b|p\.\s?p\.|pp\b|(?P<bare>points?\b|pts?\b))"
+    r"(?P<unit>[ \t]*(?:(?P<pp>(?:percentage|percent)[\s-]*points?\b|p\.\s?p\.|pp\b|(?P<bare>points?\b|pts?\b))"
     r"|(?P<pct>%|percent\b|per[\s-]?cent\b)"
     r"|(?P<length>(?<=[0-9])(?:pt|mm|cm|in|em|ex|bp|sp|pc|dd)(?![A-Za-z])|\\(?:text|line|column|paper)width|"
     r"\\textheight|\\hsize|\\baselineskip)))?")
@@ -428,9 +428,8 @@ def _read(t: _Text, latex: bool) -> list[Stated]:
     percent_tables = _percent_tables(text, latex)
     tokens: list[_Token] = []
     for m in NUMBER.finditer(text):
-        if m.group("length"):
-            if latex:
-                continue
+        if m.group("length") and latex:
+            continue  # a length
         token = _token(m, text, code)
         if token is not None:
             tokens.append(token)
