@@ -32,6 +32,15 @@ DEFAULT_STYLE = "plain"
 FOLDER = "paper"
 MAIN = f"{FOLDER}/main.tex"
 COMPILE = f"latexmk -pdf -interaction=nonstopmode -halt-on-error -file-line-error -cd {MAIN}"
+RESULTS = f"{FOLDER}/labrun_results.tex"
+"""The engine's file of results, which every style's main.tex inputs (`phases.report_header`
+fills it from the records; until then it defines the commands, with no value)."""
+RESULTS_COMMANDS = "\n".join([
+    "% Written by labrun from its own records; an edit here is replaced.",
+    r"\makeatletter",
+    r"\newcommand{\labrunvalue}[1]{\@ifundefined{labrun@value@#1}{\textbf{??}}{\@nameuse{labrun@value@#1}}}",
+    r"\newcommand{\labrunverdict}[1]{\@ifundefined{labrun@verdict@#1}{\textbf{??}}{\@nameuse{labrun@verdict@#1}}}",
+    r"\makeatother", ""])
 
 
 @dataclass(frozen=True)
@@ -93,6 +102,11 @@ def setup(session: "Session") -> dict[str, Any]:
                 files.write(path, text)
         except (OSError, ValueError):
             pass  # a link or a folder in the way: the paper's rule says what is missing
+    try:
+        if files.lstat(RESULTS) is None:
+            files.write(RESULTS, RESULTS_COMMANDS + "\\newcommand{\\labrunresults}{}\n")
+    except (OSError, ValueError):
+        pass
     return {"paper_style": style, "style_files": installed, "tex": latex.toolchain(),
             "compile_command": COMPILE, "main": MAIN}
 

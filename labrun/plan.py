@@ -21,6 +21,7 @@ from typing import Any, Iterable, Literal, Sequence
 
 from pydantic import BaseModel, Field
 
+from labrun.claims import Claim, CriterionCheck
 from labrun.wsfs import Beneath, Refused
 
 CRITERION_PREFIX = "C"
@@ -68,9 +69,16 @@ PLAN_FIELDS: dict[str, Any] = {
     "analysis_outputs": (list[str] | None, Field(
         default=None, description="Planning: the files the analysis must produce (figures, a "
         "summary such as results/summary.json), as workspace paths.")),
+    "criterion_checks": (list[CriterionCheck] | None, Field(
+        default=None, description="Planning: for each criterion that a number decides, the metric, the "
+        "comparison and the threshold; the engine then decides its verdict from the claims.")),
     "criteria": (list[CriterionVerdict] | None, Field(
         default=None, description="The idea's evaluation criteria judged: in planning the ones no "
-        "run can serve (unmet, with the reason); in experiments every criterion, met or unmet.")),
+        "run can serve (unmet, with the reason); in experiments every criterion, met or unmet "
+        "(analysis may judge one again).")),
+    "claims": (list[Claim] | None, Field(
+        default=None, description="Experiments and analysis: the key results, each checked against the "
+        "records of the attempts it cites.")),
     "deviations": (list[Deviation] | None, Field(
         default=None, description="Planned runs (experiments) or planned outputs (analysis) not "
         "done as planned, each with its reason.")),
@@ -97,6 +105,10 @@ class Recorded(Deviation):
     phase: str
 
 
+class RecordedClaim(Claim):
+    phase: str
+
+
 class Plan(BaseModel):
     criteria: list[Criterion] = Field(default_factory=list)
     """The idea's evaluation criteria, numbered, with their verdicts once given."""
@@ -105,8 +117,11 @@ class Plan(BaseModel):
     """What the analysis must produce."""
     deviations: list[Recorded] = Field(default_factory=list)
     negative_outcome: str | None = None
+    checks: list[CriterionCheck] = Field(default_factory=list)
+    """The criteria whose verdict the engine decides (`labrun.claims`)."""
+    claims: list[RecordedClaim] = Field(default_factory=list)
     given_by: dict[str, str] = Field(default_factory=dict)
-    """Part (`run_list`, `analysis_outputs`, `negative_outcome`) → the phase that gave it."""
+    """Part (`run_list`, `analysis_outputs`, `negative_outcome`, `criterion_checks`) → the phase that gave it."""
 
     @classmethod
     def for_criteria(cls, texts: Iterable[str] | None) -> "Plan":
@@ -119,6 +134,9 @@ class Plan(BaseModel):
     def run_ids(self) -> list[str]:
         return [r.id for r in self.runs]
 
+    def check(self, criterion: str) -> CriterionCheck | None:
+        return next((c for c in self.checks if c.id == criterion), None)
+
     def deviation(self, item: str) -> Recorded | None:
         return next((d for d in reversed(self.deviations) if d.id == item), None)
 
@@ -126,8 +144,14 @@ class Plan(BaseModel):
         """A copy with this `complete_phase` call's parts applied: a run list and outputs
         replace the earlier ones, a verdict or deviation replaces one for the same item."""
         plan = self.model_copy(deep=True)
-        plan.given_by.update({k: phase for k in ("run_list", "analysis_outputs", "negative_outcome")
+        plan.given_by.update({k: phase for k in ("run_list", "analysis_outputs", "negative_outcome", "criterion_checks")
                               if parts.get(k) is not None})
+        if parts.get("criterion_checks") is not None:
+            plan.checks = [CriterionCheck.model_validate(c) for c in parts["criterion_checks"]]
+        for claim in parts.get("claims") or ():
+            c = Claim.model_validate(claim)
+            plan.claims = [x for x in plan.claims if x.id != c.id]
+            plan.claims.append(RecordedClaim(**c.model_dump(), phase=phase))
         if parts.get("run_list") is not None:
             plan.runs = [PlannedRun.model_validate(r) for r in parts["run_list"]]
         if parts.get("analysis_outputs") is not None:
@@ -158,6 +182,9 @@ class Plan(BaseModel):
             plan.outputs = []
         if "negative_outcome" in dropped:
             plan.negative_outcome = None
+        if "criterion_checks" in dropped:
+            plan.checks = []
+        plan.claims = [c for c in plan.claims if c.phase not in phases]
         plan.given_by = {k: by for k, by in plan.given_by.items() if k not in dropped}
         for c in plan.criteria:
             if c.phase in phases:

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from labrun import paper, suggest
-from labrun.phases.rules import (AccountsForPlan, CitesFetchedSource, Compiled, CriteriaJudged, Files, LatexPaper,
+from labrun.phases.rules import (AccountsForPlan, CitesFetchedSource, ClaimsHold, Compiled, CriteriaJudged, Files, LatexPaper,
                                  NamesCodeReferences, Outline, PinnedEnvironment, PlannedOutputs, PlannedRunsDone,
-                                 Rule, RunList, SaysWhatFailed, Sections, SuccessfulAttempt, TracedNumbers, Work)
+                                 Rule, RunList, SaysWhatFailed, Sections, SuccessfulAttempt, Work)
 from labrun.resources import TEMPLATES
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Phase", "register", "phase_list", "phase_version", "review_after_phases", "BY_KEY", "PHASES", "DEFAULT", "SECTION_TITLES",
            "Files", "Sections", "SuccessfulAttempt", "CitesFetchedSource", "LatexPaper",
-           "TracedNumbers", "Outline", "AccountsForPlan", "Compiled", "RunList", "PlannedRunsDone", "CriteriaJudged",
+           "ClaimsHold", "Outline", "AccountsForPlan", "Compiled", "RunList", "PlannedRunsDone", "CriteriaJudged",
            "PlannedOutputs", "SaysWhatFailed", "NamesCodeReferences", "PinnedEnvironment", "Rule",
            "Work"]
 
@@ -145,13 +145,14 @@ for _phase in (
     Phase("implementation", "Implementation", "code for baselines, method and evaluation",
           (Sections(experiment_design="Experiment Design"),), max_turns=60),
     Phase("experiments", "Experiments", "run the experiments, one attempt at a time",
-          (PlannedRunsDone(), CriteriaJudged(), Sections(experiment_results="Experiment Results")),
+          (PlannedRunsDone(), ClaimsHold(required=True), CriteriaJudged(),
+           Sections(experiment_results="Experiment Results")),
           max_turns=60),
     Phase("analysis", "Analysis", "statistics, comparisons, figures",
-          (PlannedOutputs(), Sections(learnings="Learnings"))),
+          (PlannedOutputs(), ClaimsHold(), CriteriaJudged(), Sections(learnings="Learnings"))),
     Phase("documentation", "Documentation", "final write-up",
-          (Files("REPORT.md", "README.md"), SaysWhatFailed("REPORT.md"), AccountsForPlan("REPORT.md"),
-           TracedNumbers("REPORT.md")), max_turns=30,
+          (Files("REPORT.md", "README.md"), SaysWhatFailed("REPORT.md"), AccountsForPlan("REPORT.md")),
+          max_turns=30,
           hands_on=("REPORT.md",)),
 ):
     register(_phase)
@@ -167,7 +168,6 @@ register(Phase(
     "paper", "Paper", "a LaTeX paper of the study",
     (Files(paper.MAIN, f"{paper.FOLDER}/references.bib"),
      LatexPaper(paper.MAIN, f"{paper.FOLDER}/references.bib"),
-     TracedNumbers(paper.FOLDER),
      Compiled(paper.MAIN, "paper"),
      Sections(paper="Paper")),
     max_turns=50, hands_on=(paper.MAIN,), default=False, setup=paper.setup,

@@ -27,10 +27,12 @@ from labrun.phases.sealed_scoring import score_sealed
 from labrun.tools import ToolBox
 
 
-ENGINE_STEPS = {"experiments": (reproduce, score_sealed), "documentation": (stamp_report,)}
+ENGINE_STEPS = {"experiments": (reproduce, score_sealed), "analysis": (reproduce, score_sealed),
+                "documentation": (stamp_report,)}
 """What the engine does itself once the agent has completed a phase, before its outputs are
-recorded: it reruns the attempts behind met criteria and scores the sealed evaluation's
-artifact, and heads REPORT.md with the outcome."""
+recorded: it reruns the attempts behind the claims and scores the sealed evaluation's
+artifact (each only once for what it already did), and heads REPORT.md with the results as
+its records hold them."""
 
 
 def engine_steps(session: Session, phase_key: str) -> list:

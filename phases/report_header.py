@@ -1,33 +1,205 @@
-"""REPORT.md's header: the engine's own account of its checks of the results (the
-reproduction, the sealed evaluation), written under the report's title when the
-documentation phase completes, whatever the agent wrote. It stands between
-`<!-- labrun:checks -->` markers; the numbers rule reads past it, and a new stamp replaces it.
+"""REPORT.md's engine section, and the paper's `labrun_results.tex`: the results as the engine
+vouches for them, rendered from its own records (the claims, the attempts' metrics, the
+reproduction, the sealed evaluation), the way STATE.md is.
+
+The section stands under the report's title between `<!-- labrun:results -->` markers; it is
+written last by documentation and by every phase after it, so no phase can edit it away, and
+any other `labrun:` block found in the report is removed (a forged one among them). The
+agent's prose around it is its own; the numbers that prose, README.md and the paper state
+that no record holds are listed in the section, not refused (`labrun.prose_numbers`).
 """
 
 from __future__ import annotations
 
-from labrun.evidence import ENGINE_BLOCK
+import itertools
+import re
+from typing import Any
+
+from labrun import paper
+from labrun.claims import Standing, Verdict, standing, verdict, number
+from labrun.evidence import ENGINE_BLOCK, SOURCE
+from labrun.prose_numbers import Record, stated, unrecorded
 from labrun.session import Session
+from labrun.snapshot import entry_digest
 from labrun.phases.reproduction import reproduction_lines
 from labrun.phases.sealed_scoring import sealed_line
 
+DEFAULT_SEALED_TOLERANCE = 0.05
+MAX_LISTED = 40
 
-def report_header(session: Session) -> str:
-    lines = ["<!-- labrun:checks -->", *reproduction_lines(session)]
+
+def sealed_scores(session: Session) -> dict[str, Any]:
+    sealed = session.state.sealed
+    return dict(sealed.score.scores) if sealed and sealed.score and sealed.score.status == "SCORED" else {}
+
+
+def results(session: Session) -> tuple[list[Standing], list[Verdict]]:
+    """Each claim's standing and each criterion's verdict, from the records as they are now."""
+    plan, attempts = session.state.plan, {a.n: a for a in session.state.live_attempts()}
+    scores = sealed_scores(session)
+    sealed = session.idea.sealed_evaluation
+    tolerance = sealed.tolerance if sealed and sealed.tolerance is not None else DEFAULT_SEALED_TOLERANCE
+    behind = {n for c in plan.claims for n in (*c.attempts, *c.baseline_attempts)}
+    changed = {n: code_changed(session, n) for n in behind}
+    standings = [standing(c, attempts, scores, tolerance, changed) for c in plan.claims]
+    return standings, [verdict(c, plan.check(c.id), standings, scores) for c in plan.criteria]
+
+
+def code_changed(session: Session, n: int) -> list[str]:
+    """The source files attempt n started from that the workspace no longer holds as they were."""
+    before = (session.attempt_files(n) or {}).get("before") or {}
+    return [rel for rel, digest in before.items()
+            if SOURCE.fullmatch(rel) and entry_digest(session.ws.root, rel) != digest]
+
+
+def cell(text: Any) -> str:
+    """The agent's text in one table cell: one line, no markup that could end the section."""
+    return " ".join(str(text).split()).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def value_of(s: Standing) -> str:
+    c = s.claim
+    shown = f"{cell(c.metric)} = {_num(s.value)} ({_from(c.attempts)})"
+    if c.baseline_attempts:
+        shown += f"; baseline {_num(s.baseline)} ({_from(c.baseline_attempts)})"
+    return shown
+
+
+def _num(value: Any) -> str:
+    return f"{value:.6g}" if number(value) else "—"
+
+
+def _from(ns: list[int]) -> str:
+    ns = list(dict.fromkeys(ns))
+    return f"#{ns[0]}" if len(ns) == 1 else "mean of " + ", ".join(f"#{n}" for n in ns)
+
+
+def section(session: Session) -> str:
+    """REPORT.md's engine section, markers included."""
+    standings, verdicts = results(session)
+    lines = ["<!-- labrun:results -->", "## Results as the engine recorded them", "",
+             "*Written by labrun from its own records (the attempts, their reruns, the sealed evaluation) "
+             "each time a phase touches this report; an edit here is replaced.*", ""]
+    lines += [line.removeprefix("> ").removeprefix(">") for line in reproduction_lines(session)]
     if (sealed := sealed_line(session)) is not None:
-        lines += [">", sealed]
-    lines = [" ".join(line.splitlines()) for line in lines]  # a metric's name cannot add a line of its own
-    return "\n".join([*lines, "<!-- /labrun:checks -->"]) + "\n\n"
+        lines += ["", sealed.removeprefix("> ")]
+    attempts = {a.n: a for a in session.state.live_attempts()}
+    if standings:
+        lines += ["", "| claim | value in the record | runs | reproduction | sealed score |", "|---|---|---|---|---|"]
+        for s in standings:
+            runs = sorted({attempts[n].run_id for n in s.claim.attempts if n in attempts and attempts[n].run_id})
+            score = "—" if s.sealed is None else f"{_num(s.sealed)}" + (" (**contradicts**)" if s.contradicted else "")
+            lines.append(f"| {cell(s.claim.id)}: {cell(s.claim.statement)} | {value_of(s)} | {', '.join(runs) or '—'} "
+                         f"| {cell(s.status)} | {score} |")
+    else:
+        lines += ["", "No claim was handed over: nothing in this report is vouched for by the engine."]
+    if verdicts:
+        lines += ["", "| criterion | verdict | decided by | basis |", "|---|---|---|---|"]
+        for v in verdicts:
+            lines.append(f"| {v.criterion.id}: {cell(v.criterion.text)} | **{v.verdict}** | {v.by} | {cell(v.basis)}"
+                         f"{' (' + ', '.join(v.claims) + ')' if v.claims else ''} |")
+    notes = [f"- {cell(s.claim.id)}: #{a.attempt} set aside by the agent: {cell(a.reason)}"
+             for s in standings for a in s.claim.set_aside]
+    notes += [f"- {cell(s.claim.id)}: the code its attempts ran has changed or gone since: {', '.join(s.code_changed)}"
+              for s in standings if s.code_changed]
+    if notes:
+        lines += ["", *notes]
+    listed = unrecorded_numbers(session, standings)
+    if listed:
+        shown = "; ".join(listed[:MAX_LISTED]) + (f"; and {len(listed) - MAX_LISTED} more" if len(listed) > MAX_LISTED else "")
+        lines += ["", f"**Numbers not in any attempt's record** (the agent's own, not vouched for): {shown}."]
+    return "\n".join([*lines, "<!-- /labrun:results -->"]) + "\n\n"
+
+
+def record(session: Session, standings: list[Standing]) -> Record:
+    """What the engine's records hold: every measured metric, each rerun's and the sealed
+    score's numbers, the attempts' durations, the claims' values, and the numbers the idea and
+    the plan state. Never an output file's contents: a per-item file would hold every number."""
+    work = session.work("documentation", {})
+    values: list[float] = []
+    for a in work.attempts:
+        values += [float(v) for v in work.evidence.measured(a).values() if number(v)]
+        values += [float(v) for v in (a.reproduction.metrics if a.reproduction else {}).values() if number(v)]
+        values += [a.duration_s] if a.duration_s else []
+    values += [float(v) for v in sealed_scores(session).values() if number(v)]
+    values += [v for text in work.evidence.stated for n in stated(text) for v, _ in n.readings]
+    claimed = [x for s in standings for x in (s.value, s.baseline) if x is not None]
+    values += claimed
+    differences = [a - b for a, b in itertools.permutations(claimed, 2)]
+    return Record(tuple(values), tuple(differences))
+
+
+def unrecorded_numbers(session: Session, standings: list[Standing]) -> list[str]:
+    """`file:line: number` for each number the write-up states that no record holds."""
+    files = session.ws.files
+    texts: list[tuple[str, str, bool]] = []
+    for name in ("REPORT.md", "README.md"):
+        try:
+            texts.append((name, files.read_text(name, errors="replace"), False))
+        except (OSError, ValueError):
+            pass
+    if files.is_dir(paper.FOLDER):
+        for rel, _ in sorted(files.files(paper.FOLDER)):
+            if rel.endswith(".tex") and rel != paper.RESULTS:
+                try:
+                    texts.append((rel, files.read_text(rel, errors="replace"), True))
+                except (OSError, ValueError):
+                    pass
+    held = record(session, standings)
+    found = []
+    for name, text, latex in texts:
+        if name == "REPORT.md":  # the engine's own section is not the agent's prose
+            text = ENGINE_BLOCK.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+        text = text.replace("<!-- labrun:", "<!-- ")  # a block of the agent's hides nothing
+        found += [f"{name}:{n.line}: {cell(n.written)}" for n in unrecorded(text, held, latex=latex)]
+    return found
 
 
 def stamp_report(session: Session) -> None:
-    """REPORT.md begins with the engine's header (the documentation phase's engine step),
-    after its title when it has one; an earlier header is replaced."""
+    """REPORT.md begins with the engine's section, after its title when it has one; any
+    earlier `labrun:` block is removed. The paper's results file is rewritten with it."""
     files = session.ws.files
+    write_paper_results(session)
     try:
         text = ENGINE_BLOCK.sub("", files.read_text("REPORT.md", errors="replace")).lstrip("\n")
     except (OSError, ValueError):  # none, or not a file the engine reads (a link, a FIFO, too big)
         return
     title, rest = (text.split("\n", 1) + [""])[:2] if text.startswith("# ") else ("", text)
     head = f"{title}\n\n" if title else ""
-    session.ws.write("REPORT.md", head + report_header(session) + rest.lstrip("\n"))
+    session.ws.write("REPORT.md", head + section(session) + rest.lstrip("\n"))
+
+
+TEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+               "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\^{}"}
+
+
+def tex(text: Any) -> str:
+    return "".join(TEX_SPECIAL.get(c, c) for c in " ".join(str(text).split()))
+
+
+def paper_results(session: Session) -> str:
+    """`labrun_results.tex`: `\\labrunvalue{K1}` gives claim K1's value as the record holds it,
+    `\\labrunverdict{C1}` a criterion's verdict, and `\\labrunresults` the table of both."""
+    standings, verdicts = results(session)
+    key = lambda text: re.sub(r"[^A-Za-z0-9.-]", "", text)  # noqa: E731  (a claim id's letters)
+    lines = [r"\makeatletter"]
+    lines += [rf"\@namedef{{labrun@value@{key(s.claim.id)}}}{{{_num(s.value)}}}" for s in standings]
+    lines += [rf"\@namedef{{labrun@verdict@{v.criterion.id}}}{{{v.verdict}}}" for v in verdicts]
+    lines += [r"\makeatother", r"\newcommand{\labrunresults}{%", r"\begin{tabular}{llll}\hline",
+              r"claim & value in the record & attempts & reproduction \\\hline"]
+    lines += [rf"{tex(s.claim.id)} & {tex(s.claim.metric)} = {_num(s.value)} & {tex(_from(s.claim.attempts))} & "
+              rf"{tex(s.status)} \\" for s in standings]
+    lines += [r"\hline", r"criterion & verdict & decided by & \\\hline"]
+    lines += [rf"{v.criterion.id} & {v.verdict} & {tex(v.by)} & \\" for v in verdicts]
+    lines += [r"\hline\end{tabular}}", ""]
+    return paper.RESULTS_COMMANDS + "\n".join(lines)
+
+
+def write_paper_results(session: Session) -> None:
+    """The paper's `labrun_results.tex`, when the session writes a paper."""
+    if "paper" not in session.state.phases:
+        return
+    try:
+        session.ws.write(paper.RESULTS, paper_results(session))
+    except (OSError, ValueError):
+        pass  # a folder of the agent's in the way: the paper's rule says its input is missing

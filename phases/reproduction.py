@@ -1,6 +1,6 @@
-"""Reproduction by the engine: once the agent has completed the experiments, the engine runs
-again each SUCCESS attempt that a criterion judged met cites, and records whether its
-metrics came out the same.
+"""Reproduction by the engine: once the agent has completed the experiments (and again after
+the analysis), the engine runs again each SUCCESS attempt behind a claim (`labrun.claims`:
+the attempts it cites and its baseline's), and records whether its metrics came out the same.
 
 - **From the sources as that attempt found them.** Each rerun starts from a copy of the
   workspace rebuilt from the files kept when the attempt started (`snapshot.keep_copies`,
@@ -28,7 +28,8 @@ metrics came out the same.
   eagerly; a kill during one reruns it from a fresh copy on resume.
 
 The outcome is in the attempt's record (STATE.md, `labrun status --json`) and at the top of
-REPORT.md (`phases.report_header`), whatever it is.
+REPORT.md's engine section (`phases.report_header`), whatever it is; a claim whose attempt
+DIVERGED is shown as unconfirmed there, and so is the verdict it bears on.
 """
 
 from __future__ import annotations
@@ -48,7 +49,6 @@ from prefect.transactions import CommitMode, transaction
 
 from labrun.commands import kill_group, run_command
 from labrun.crashpoints import crashpoint
-from labrun.evidence import CITED
 from labrun.sandbox import bubblewrap
 from labrun.prefect_processes import identified
 from labrun.session import Session
@@ -72,8 +72,8 @@ def settings(session: Session) -> tuple[float, float]:
 
 
 def backing_attempts(session: Session) -> list[Attempt]:
-    """The SUCCESS attempts that the criteria judged met cite (`#n`), in order."""
-    cited = {int(n) for c in session.state.plan.criteria if c.status == "met" for n in CITED.findall(c.note or "")}
+    """The SUCCESS attempts behind the claims (theirs and their baselines'), in order."""
+    cited = {n for c in session.state.plan.claims for n in (*c.attempts, *c.baseline_attempts)}
     return [a for a in session.state.live_attempts() if a.n in cited and a.status == "SUCCESS"]
 
 
@@ -272,12 +272,12 @@ def reproduction_lines(session: Session) -> list[str]:
         return ["> **Reproduction by the engine: turned off** (`constraints.reproduce_minutes: 0`); "
                 "no result in this report was run again."]
     if not rerun:
-        return ["> **Reproduction by the engine:** no criterion was judged met on a successful attempt, "
-                "so there was nothing to run again."]
+        return ["> **Reproduction by the engine:** no claim cites a successful attempt, so there was nothing "
+                "to run again."]
     counts = {s: sum(a.reproduction.status == s for a in rerun) for s in ("REPRODUCED", "DIVERGED", "SKIPPED")}
     said = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
-    return [f"> **Reproduction by the engine: {said}.** The engine ran again each attempt that a criterion "
-            "judged met cites, in a fresh sandbox from the files as that attempt found them, and compared its "
+    return [f"> **Reproduction by the engine: {said}.** The engine ran again each attempt behind a claim, "
+            "in a fresh sandbox from the files as that attempt found them, and compared its "
             f"metrics (relative tolerance {tolerance:g}).", ">",
             *(f"> - attempt {a.n}{f' ({a.run_id})' if a.run_id else ''}: **{a.reproduction.status}**, "
               f"{a.reproduction.detail}" for a in rerun)]

@@ -19,7 +19,8 @@ from typing import Any, ClassVar, Mapping, Protocol, Sequence
 import yaml
 
 from labrun import latex, toollog
-from labrun.evidence import CITED, Evidence, markdown_numbers
+from labrun.claims import Claim, claim_problems, standing, verdict
+from labrun.evidence import ENGINE_BLOCK, Evidence
 from labrun.plan import Plan, coverage, normal_path, output_exists, seeds_asked
 from labrun.wsfs import Beneath, Refused
 
@@ -265,48 +266,6 @@ class LatexPaper:
 
 
 @dataclass(frozen=True)
-class TracedNumbers:
-    """Every decimal number the write-up states is evidence (`labrun.evidence`: a metric a
-    SUCCESS attempt computed, a file it wrote as it wrote it) or what the idea and the run
-    list state. `paths`: Markdown files, or folders of a LaTeX paper's `.tex` files."""
-
-    paths: tuple[str, ...]
-    fields: ClassVar[tuple[str, ...]] = ()
-
-    def __init__(self, *paths: str):
-        object.__setattr__(self, "paths", paths)
-
-    def stated(self, work: Work) -> list[tuple[Path, Any]]:
-        found = []
-        for p in self.paths:
-            if work.fs.is_dir(p):
-                found += [(work.root / f, n) for f in sorted(f for f, _ in work.fs.files(p) if f.endswith(".tex"))
-                          for n in latex.stated_numbers(latex.body(latex.uncommented(work.text_of(f) or "")))]
-            elif (text := work.text_of(p)) is not None:
-                found += [(work.root / p, n) for n in markdown_numbers(text)]
-        return found
-
-    def missing(self, work: Work) -> list[str]:
-        stated = self.stated(work)
-        if not stated:
-            return []
-        known = work.evidence.numbers(outside=self.paths)
-        bad = [(f, n) for f, n in stated if not known.traces(n)]
-        if not bad:
-            return []
-        shown = "; ".join(f"{f.relative_to(work.root)}:{n.line}: {n.written}" for f, n in bad[:6])
-        more = f" (and {len(bad) - 6} more)" if len(bad) > 6 else ""
-        return [f"numbers that no experiment measured: {shown}{more}; state only what a SUCCESS attempt's "
-                "metrics or output files hold, or what the idea and the run list state (a number "
-                "computed since needs its own run_experiment attempt)"]
-
-    def describe(self) -> str:
-        where = " and ".join(f"`{p}`" for p in self.paths)
-        return (f"every decimal number in {where} is a metric or in an output file of a successful "
-                "`run_experiment` attempt (as the attempt wrote it), or stated by the idea or the run list")
-
-
-@dataclass(frozen=True)
 class Compiled:
     """With TeX installed here: a `latexmk` attempt of this phase succeeded after the last
     edit of the paper's sources. Without TeX: the section says the paper was not compiled."""
@@ -366,7 +325,7 @@ class RunList:
     serves; every criterion served by a run or stated unmet with the reason; and the files
     the analysis must produce."""
 
-    fields: ClassVar[tuple[str, ...]] = ("run_list", "analysis_outputs", "criteria")
+    fields: ClassVar[tuple[str, ...]] = ("run_list", "analysis_outputs", "criteria", "criterion_checks")
 
     def missing(self, work: Work) -> list[str]:
         plan, found = work.plan, _unknown_verdicts(work)
@@ -380,6 +339,12 @@ class RunList:
                       f"({', '.join(known) or 'it has none'})" for c in run.criteria if c not in known]
         found += [f"criteria: {v.id} cannot be met before anything has run; in planning give only the unmet ones"
                   for v in _given(work, "criteria") if v.status == "met"]
+        checked = [c.id for c in plan.checks]
+        found += [f"criterion_checks: {i} is not one of the idea's evaluation criteria ({', '.join(known) or 'it has none'})"
+                  for i in checked if i not in known]
+        found += [f"criterion_checks: {i} is given twice" for i in sorted(set(checked)) if checked.count(i) > 1]
+        found += [f"criterion_checks: {c.id} compares `between` and needs `upper`, above its threshold"
+                  for c in plan.checks if c.comparison == "between" and (c.upper is None or c.upper < c.threshold)]
         for c in plan.criteria:
             if c.status != "unmet" and not any(c.id in r.criteria for r in plan.runs):
                 found.append(f"criterion {c.id} (\"{_clip(c.text)}\") served by a run of the run_list, "
@@ -398,7 +363,7 @@ class RunList:
     def describe(self) -> str:
         return ("the `run_list` is given (every run with its id, purpose, conditions, seeds and the "
                 "evaluation criteria it serves; each criterion served by a run or stated unmet) with "
-                "the `analysis_outputs`")
+                "the `analysis_outputs`, and any `criterion_checks` name known criteria")
 
 
 @dataclass(frozen=True)
@@ -469,41 +434,67 @@ def _sources(record: Mapping[str, Any]) -> dict[str, str]:
 @dataclass(frozen=True)
 class CriteriaJudged:
     """Every evaluation criterion of the idea is met or unmet, with a note; met only when a
-    run that serves it has a SUCCESS attempt."""
+    run that serves it has a SUCCESS attempt and a claim bears on it; and where planning gave
+    the criterion a check, the verdict is the one the claims' numbers give (`labrun.claims`)."""
 
     fields: ClassVar[tuple[str, ...]] = ("criteria",)
 
     def missing(self, work: Work) -> list[str]:
         plan, found = work.plan, _unknown_verdicts(work)
         done = {r.run.id for r in coverage(plan, work.attempts) if r.state == "done"}
+        attempts = {a.n: a for a in work.attempts}
         for c in plan.criteria:
             serving = [r.id for r in plan.runs if c.id in r.criteria]
+            claims = [k for k in plan.claims if k.criterion == c.id]
+            check = plan.check(c.id)
             if c.status is None:
                 found.append(f"a verdict on criterion {c.id} (\"{_clip(c.text)}\") in criteria: met or unmet, with a note")
+            elif c.phase != work.phase:
+                continue  # judged in an earlier phase; the engine's section shows how it stands now
             elif c.status == "met" and plan.runs and not done & set(serving):
                 found.append(f"criteria: {c.id} is met only when a run that serves it "
                              f"({', '.join(serving) or 'none does'}) has a SUCCESS attempt; otherwise it is unmet")
-            elif c.status == "met" and c.phase == work.phase and not self.cites_evidence(work, c, serving):
-                found.append(f"criteria: {c.id} is met only when its note cites a SUCCESS attempt (#n) of a run "
-                             f"that serves it ({', '.join(serving) or 'any run'}) and, by name, a metric that "
-                             "attempt computed; otherwise it is unmet")
+            elif c.status == "met" and not claims:
+                found.append(f"criteria: {c.id} is met only with a claim that bears on it (claims: {{criterion: "
+                             f"\"{c.id}\", metric, attempts, value, …}}{f', giving {check.metric}' if check else ''}); "
+                             "otherwise it is unmet")
+            elif check is not None and claims:
+                engine = verdict(c, check, [standing(k, attempts, {}, 0) for k in claims], {})
+                if engine.verdict in ("met", "unmet") and engine.verdict != c.status:
+                    found.append(f"criteria: {c.id} is {engine.verdict} by the planned check ({engine.basis}); "
+                                 f"give that verdict, or a claim with the numbers that decide it")
         return found
 
-    @staticmethod
-    def cites_evidence(work: Work, criterion: Any, serving: list[str]) -> bool:
-        """The note names an attempt `#n` that serves the criterion and succeeded, and one of
-        the metrics it computed (`Evidence.measured`: not one its command wrote itself)."""
-        note = criterion.note or ""
-        cited = {int(n) for n in CITED.findall(note)}
-        for a in work.attempts:
-            if a.n in cited and (not work.plan.runs or a.run_id in serving):
-                if any(re.search(rf"(?<!\w){re.escape(k)}(?!\w)", note) for k in work.evidence.measured(a)):
-                    return True
-        return False
+    def describe(self) -> str:
+        return ("every evaluation criterion of the idea is judged met or unmet in `criteria`, with a note; a met "
+                "one has a successful attempt of a run that serves it and a claim that bears on it, and a criterion "
+                "with a planned check gets the verdict its claims' numbers give")
+
+
+@dataclass(frozen=True)
+class ClaimsHold:
+    """Each claim given agrees with the record of the attempts it cites (`labrun.claims`);
+    `required`: the phase hands over at least one (unless it closes as a negative outcome)."""
+
+    required: bool = False
+    fields: ClassVar[tuple[str, ...]] = ("claims",)
+
+    def missing(self, work: Work) -> list[str]:
+        given = [Claim.model_validate(c) for c in work.given.get("claims") or ()]
+        ids = [c.id for c in given]
+        found = [f"claims: the id {i} is given twice; ids must be unique" for i in sorted(set(ids)) if ids.count(i) > 1]
+        for claim in given:
+            found += claim_problems(claim, work.attempts, work.evidence, work.plan.criterion_ids())
+        if self.required and not work.plan.claims and not work.plan.negative_outcome:
+            found.append("claims: the key results, each with the metric, the attempts (#n) whose records hold it "
+                         "and the value you state for it")
+        return found
 
     def describe(self) -> str:
-        return ("every evaluation criterion of the idea is judged met or unmet in `criteria`, with a note; "
-                "a met one cites a successful attempt (#n) of a run that serves it and a metric it computed")
+        said = "the key results are handed over as `claims`, each" if self.required else "each claim given is"
+        return (f"{said} checked against the records of the attempts it cites: the value is the metric they "
+                "measured (their mean), a comparison is the one their numbers show, and every attempt of the same "
+                "run that measured it is cited or set aside with a reason")
 
 
 @dataclass(frozen=True)
@@ -557,6 +548,7 @@ class AccountsForPlan:
         text = work.text_of(self.path)
         if text is None:
             return []  # `Files` says so
+        text = ENGINE_BLOCK.sub("", text)  # the engine's own section names every run and criterion
         named = lambda item, t: re.search(rf"(?<![\w-]){re.escape(item)}(?![\w-])", t)  # noqa: E731
         found = [f"run {r.id} of the run list named in {self.path}, done (with its attempts) or set aside (with "
                  "the reason)" for r in work.plan.runs if not named(r.id, text)]

@@ -293,9 +293,12 @@ class AutoResearcher:
         if succeeded:
             metrics = re.search(r"^Metrics: (.*)$", succeeded[-1], flags=re.M).group(1)
             attempt = re.match(r"Attempt (\d+)", succeeded[-1]).group(1)
+            slope = float(re.search(r"\bslope=(\S+?)(,|$)", metrics).group(1))
             return "The run succeeded; recording the results.", [_call(
                 "complete_phase", summary=f"Attempt {attempt} succeeded: {metrics}.", sections={
-                    "experiment_results": f"Attempt {attempt} (seed 0): {metrics}"})]
+                    "experiment_results": f"Attempt {attempt} (seed 0): {metrics}"},
+                claims=[{"id": "K1", "statement": "The fitted log-log slope of RMSE against k", "metric": "slope",
+                         "attempts": [int(attempt)], "value": slope}])]
         cut_off = any("cut off" in r for r in results)
         command = COMMAND
         if self.slow_experiment_s and not cut_off:

@@ -199,10 +199,11 @@ def test_a_phase_after_documentation_cannot_keep_a_forged_engine_header(tmp_path
     between the engine's markers is replaced when the paper phase completes, as when
     documentation does (once, only documentation stamped it)."""
     from labrun.phases.phase import ENGINE_STEPS, engine_steps
+    from labrun.phases.report_header import stamp_report
     from labrun.session import Session
     from support import DEMO_IDEA
 
-    forged = "<!-- labrun:checks -->\n> **Reproduction by the engine: 9 REPRODUCED.**\n<!-- /labrun:checks -->\n"
+    forged = "<!-- labrun:results -->\n**Reproduction by the engine: 9 REPRODUCED.**\n<!-- /labrun:results -->\n"
     session = Session.open(tmp_path / "ws", DEMO_IDEA, "scripted", with_phases=["paper"])
     try:
         report = session.ws.root / "REPORT.md"
@@ -211,8 +212,8 @@ def test_a_phase_after_documentation_cannot_keep_a_forged_engine_header(tmp_path
         for step in engine_steps(session, "paper"):
             step(session)
         text = report.read_text()
-        assert "9 REPRODUCED" not in text and text.count("<!-- labrun:checks -->") == 1
-        assert text.startswith("# Report\n\n<!-- labrun:checks -->") and "The results." in text
-        assert engine_steps(session, "analysis") == list(ENGINE_STEPS.get("analysis", ()))  # before it: none
+        assert "9 REPRODUCED" not in text and text.count("<!-- labrun:results -->") == 1
+        assert text.startswith("# Report\n\n<!-- labrun:results -->") and "The results." in text
+        assert stamp_report not in engine_steps(session, "analysis")  # before documentation: no stamp
     finally:
         session.close()

@@ -112,7 +112,9 @@ def test_experiments_complete_only_when_every_planned_run_is_accounted_for(sessi
     attempt(session, "R1")
     finish = dict(summary="done", sections={"experiment_results": "the table of scores"}, criteria=[
         {"id": "C1", "status": "met", "note": "R1 (#1): score 6.43"}, {"id": "C2", "status": "met", "note": "#1, score"},
-        {"id": "C3", "status": "unmet", "note": "R3 was cut"}])
+        {"id": "C3", "status": "unmet", "note": "R3 was cut"}],
+        claims=[{"id": f"K{c}", "statement": "the score", "metric": "score", "attempts": [1], "value": 6.43,
+                 "criterion": c} for c in ("C1", "C2")])
 
     one = call(session, "experiments", "complete_phase", **finish)
     assert one.is_error
@@ -190,7 +192,7 @@ def test_without_a_run_list_one_successful_attempt_still_completes_experiments(s
     attempt(session, None)
     criteria = [{"id": c, "status": "unmet", "note": "not planned"} for c in ("C1", "C2", "C3")]
     ok = call(session, "experiments", "complete_phase", summary="x", sections={"experiment_results": "one run, no plan"},
-              criteria=criteria)
+              criteria=criteria, claims=[{"id": "K1", "statement": "s", "metric": "score", "attempts": [1], "value": 6.4286}])
     assert not ok.is_error, ok.content
 
 

@@ -8,8 +8,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from labrun import latex as old_latex
-from labrun.evidence import markdown_numbers
 from labrun.prose_numbers import Record, Stated, stated, unrecorded
 
 # What the engine recorded for the honest corpus: metrics, claim values (a CI's ends), a
@@ -141,17 +139,6 @@ HIDDEN = [
 def test_a_hidden_number_is_listed(text, is_latex):
     listed = unrecorded(text, RECORD, latex=is_latex)
     assert [round(s.value * (0.01 if s.unit else 1), 6) for s in listed] == [0.9734], listed
-
-
-def test_the_old_readers_miss_hidden_numbers_and_list_honest_ones():
-    """The weak behaviour this module replaces, shown against it: the old LaTeX reader drops
-    the coloured cell and the Markdown reader does not see an entity; both read `89.8
-    percent` as 89.8, not a percentage."""
-    old = old_latex.Numbers(RECORD.values)
-    assert old_latex.stated_numbers("\\textcolor{red}{0.9734}") == []
-    assert markdown_numbers("Accuracy 0&#46;9734.") == []
-    assert [n.written for n in markdown_numbers("It answered 89.8 percent.") if not old.traces(n)] == ["89.8"]
-    assert unrecorded("It answered 89.8 percent.", RECORD) == []
 
 
 def test_not_result_numbers():

@@ -56,11 +56,18 @@ def attempt(session, script: str, run: str, seed: int, name: str = "measure.py")
 
 
 def judged(session, backing: dict[str, int]) -> None:
-    """Experiments complete, each criterion met on the attempt `backing` names."""
+    """Experiments complete, each criterion met with a claim on the attempt `backing` names
+    (its run's other attempts set aside)."""
     aside = [{"id": "R2", "reason": "R1 covers uniform noise too"}] \
         if all(a.run_id != "R2" for a in session.state.attempts) else []
+    attempts = session.state.attempts
+    claims = [{"id": f"K{c}", "statement": "the slope", "metric": "slope", "attempts": [n], "criterion": c,
+               "value": attempts[n - 1].metrics["slope"],
+               "set_aside": [{"attempt": a.n, "reason": "another check"} for a in attempts
+                             if a.run_id == attempts[n - 1].run_id and a.n != n and a.status == "SUCCESS"]}
+              for c, n in backing.items()]
     done = call(session, "experiments", "complete_phase", summary="done", deviations=aside,
-                sections={"experiment_results": "R1 and R2 measured the slope"},
+                sections={"experiment_results": "R1 and R2 measured the slope"}, claims=claims,
                 criteria=[{"id": c, "status": "met", "note": f"attempt #{n}: slope"} for c, n in backing.items()])
     assert not done.is_error, done.content
 
@@ -75,9 +82,9 @@ def test_an_unseeded_draw_diverges_and_a_seeded_one_reproduces(session):
     again = {a.n: a.reproduction for a in session.state.attempts}
     assert again[seeded].status == "REPRODUCED", again[seeded]
     assert again[unseeded].status == "DIVERGED", again[unseeded]
-    assert "slope" in again[unseeded].detail and "then" in again[unseeded].detail
+    assert " then " in again[unseeded].detail
     # the rerun's own metrics, not the attempt's file read again
-    assert again[unseeded].metrics["slope"] != session.state.attempts[unseeded - 1].metrics["slope"]
+    assert again[unseeded].metrics != session.state.attempts[unseeded - 1].metrics
     state_md = session.ws.state_md.read_text()
     assert f"- Reproduction: **DIVERGED**, {again[unseeded].detail}" in state_md
     assert "- Reproduction: **REPRODUCED**, 2 metrics the same, within a relative 0.001" in state_md
@@ -91,10 +98,14 @@ def test_an_unseeded_draw_diverges_and_a_seeded_one_reproduces(session):
     stamp_report(session)
     stamp_report(session)  # a second stamp replaces the first
     report = (session.ws.root / "REPORT.md").read_text()
-    assert report.startswith("# Report\n\n<!-- labrun:checks -->\n> **Reproduction by the engine: "
-                             "1 REPRODUCED, 1 DIVERGED.**"), report
-    assert report.count("labrun:checks -->") == 2
+    assert report.startswith("# Report\n\n<!-- labrun:results -->\n## Results as the engine recorded them\n"), report
+    assert "**Reproduction by the engine: 1 REPRODUCED, 1 DIVERGED.**" in report
+    assert report.count("labrun:results -->") == 2
     assert f"- attempt {unseeded} (R2): **DIVERGED**" in report
+    # the claim on the diverged attempt, and the verdict that rests on it, are unconfirmed; the others stand
+    assert f"| KC1: the slope | slope = {session.state.attempts[unseeded - 1].metrics['slope']} (#{unseeded}) | R2 " \
+           "| unconfirmed: the rerun diverged |" in report, report
+    assert "| C1: " in report and "| **unconfirmed** | agent |" in report and report.count("| **met** | agent |") == 2
     assert report.endswith("The slope came out near -0.5.\n")
 
 
@@ -116,6 +127,11 @@ def test_the_rerun_starts_from_the_files_as_the_attempt_found_them_and_leaves_th
     reproduce(session)  # done once: not run again
     assert "reruns it" in " ".join(session.state.worklog)
     assert sum("reruns it" in line for line in session.state.worklog) == 1
+    # the code it ran is no longer the workspace's: the engine's section says so beside the claims
+    write(session, "REPORT.md", "# Report\n")
+    stamp_report(session)
+    assert "- KC1: the code its attempts ran has changed or gone since: src/measure.py" in \
+        (session.ws.root / "REPORT.md").read_text()
 
 
 def test_reproduction_turned_off_or_out_of_time_is_said(tmp_path, prefect_api):

@@ -16,6 +16,7 @@ from auto_responder import PLAN
 from support import DEMO_IDEA
 from labrun.phases import BY_KEY
 from labrun.phases.phase import toolbox
+from labrun.phases.report_header import stamp_report
 from labrun.session import Session
 
 RUNS = [{"id": "R1", "purpose": "the slope, both noises", "conditions": "sigma 0.5, k = 1..64, 400 trials",
@@ -65,6 +66,12 @@ def measured(session, run="R1", seed=0, fix=None):
 
 def verdicts(n: int, met=("C1", "C2", "C3"), note="R1, attempt #{n}: slope"):
     return [{"id": c, "status": "met" if c in met else "unmet", "note": note.format(n=n)} for c in ("C1", "C2", "C3")]
+
+
+def claims(attempt, criteria=("C1",), metric="slope") -> list[dict]:
+    """One honest claim per criterion: the metric as the attempt recorded it."""
+    return [{"id": f"K{i}", "statement": f"the slope, for {c}", "metric": metric, "attempts": [attempt.n],
+             "value": attempt.metrics[metric], "criterion": c} for i, c in enumerate(criteria, 1)]
 
 
 def refused(result, *said: str) -> None:
@@ -186,23 +193,23 @@ def test_a_hard_coded_metric_serves_no_criterion(session, prefect_api):
     n = session.state.attempts[-1].n
     result = call(session, "experiments", "complete_phase", summary="all met",
                   sections={"experiment_results": "acc 0.99 everywhere"}, deviations=[{"id": "R2", "reason": "covered by R1"}],
-                  criteria=verdicts(n, note="R1, attempt #{n}: acc 0.99"))
-    refused(result, "criteria: C1 is met only when its note cites a SUCCESS attempt (#n)", "C2", "C3")
+                  criteria=verdicts(n, note="R1, attempt #{n}: acc 0.99"),
+                  claims=[{"id": "K1", "statement": "acc", "metric": "acc", "attempts": [n], "value": 0.99, "criterion": "C1"}])
+    refused(result, f"claims: K1 cites #{n}, whose record holds no measured acc (its metrics are not evidence")
 
 
-def test_met_without_citing_the_attempt_and_its_metric_is_refused(session, prefect_api):
+def test_met_without_a_claim_on_it_is_refused(session, prefect_api):
     planned(session)
-    n = measured(session).n
+    attempt = measured(session)
     finish = dict(summary="done", sections={"experiment_results": "R1 measured the slope"},
                   deviations=[{"id": "R2", "reason": "R1 covers uniform noise too"}])
-    refused(call(session, "experiments", "complete_phase", **finish, criteria=verdicts(n, note="all good")),
-            "criteria: C1 is met only when its note cites")
-    refused(call(session, "experiments", "complete_phase", **finish, criteria=verdicts(n, note="attempt #{n} went well")),
-            "criteria: C1 is met only when its note cites")
-    refused(call(session, "experiments", "complete_phase", **finish, criteria=verdicts(n, note="R1: slope (#99)")),
-            "criteria: C1 is met only when its note cites")
-    # the honest verdicts, citing the attempt and a metric it computed, are accepted
-    ok = call(session, "experiments", "complete_phase", **finish, criteria=verdicts(n, note="R1, attempt #{n}: slope"))
+    refused(call(session, "experiments", "complete_phase", **finish, criteria=verdicts(attempt.n, note="all good")),
+            "claims: the key results", "criteria: C1 is met only with a claim that bears on it")
+    refused(call(session, "experiments", "complete_phase", **finish, criteria=verdicts(attempt.n),
+                 claims=claims(attempt, ("C1",))), "criteria: C2 is met only with a claim", "C3")
+    # the honest verdicts, each with a claim that bears on it, are accepted
+    ok = call(session, "experiments", "complete_phase", **finish, criteria=verdicts(attempt.n),
+              claims=claims(attempt, ("C1", "C2", "C3")))
     assert not ok.is_error, ok.content
 
 
@@ -238,11 +245,11 @@ def test_three_identical_failures_are_no_negative_outcome(session, prefect_api):
 @pytest.fixture
 def experimented(session, prefect_api):
     planned(session)
-    n = measured(session).n
+    attempt = measured(session)
     done = call(session, "experiments", "complete_phase", summary="done",
                 sections={"experiment_results": "R1 measured the slope"},
                 deviations=[{"id": "R2", "reason": "R1 covers it"}],
-                criteria=verdicts(n, met=("C1",), note="R1, attempt #{n}: slope"))
+                criteria=verdicts(attempt.n, met=("C1",), note="R1, attempt #{n}: slope"), claims=claims(attempt))
     assert not done.is_error, done.content
     write(session, "README.md", "# Readme\n\nRun `python3 src/measure.py 0`.\n")
     return session.state.attempts[-1]
@@ -266,32 +273,37 @@ def test_a_report_that_turns_a_verdict_is_refused(session, experimented):
             "criterion C2 in REPORT.md with its recorded verdict, unmet")
 
 
-def test_invented_numbers_in_the_report_are_refused(session, experimented):
-    write(session, "REPORT.md", report(experimented, "-0.4993") + "\nAccuracy was 93.7% on held-out data.\n")
-    refused(call(session, "documentation", "complete_phase", summary="done"), "REPORT.md:3: -0.4993",
-            "REPORT.md:9: 93.7\\%")
-
-
-def test_numbers_written_into_a_results_file_by_hand_are_refused(session, experimented):
+def hand_typed(session, attempt):
     write(session, "results/extra.json", '{"accuracy": 0.937}\n')  # with the editor, not by an attempt
-    write(session, "REPORT.md", report(experimented, str(experimented.metrics["slope"])) + "\nAccuracy: 0.937.\n")
-    refused(call(session, "documentation", "complete_phase", summary="done"), "REPORT.md:9: 0.937")
 
 
-def test_an_attempts_output_edited_afterwards_is_no_evidence(session, experimented):
+def edited_afterwards(session, attempt):
     path = session.ws.root / "results/m0.json"
     path.write_text(path.read_text().replace("}", ', "accuracy": 0.937}'))
-    write(session, "REPORT.md", report(experimented, str(experimented.metrics["slope"])) + "\nAccuracy: 0.937.\n")
-    refused(call(session, "documentation", "complete_phase", summary="done"), "REPORT.md:9: 0.937")
 
 
-def test_a_report_laundered_through_an_attempt_is_no_evidence(session, experimented):
+def laundered(session, attempt):
     write(session, "notes.md", "Accuracy: 0.937.\n")
     copy = call(session, "documentation", "run_experiment", command="cp notes.md results/notes.md",
                 purpose="keep the notes with the results", outputs=["results/notes.md"])
     assert "SUCCESS" in copy.content
+
+
+@pytest.mark.parametrize("how", [None, hand_typed, edited_afterwards, laundered])
+def test_a_number_no_record_holds_is_listed_by_the_engine_not_refused(session, experimented, how):
+    """Prose is the agent's: an invented number is not refused (an honest one written in some
+    other way would be refused with it) but listed in the engine's section, however the agent
+    put it in a file first."""
+    if how:
+        how(session, experimented)
     write(session, "REPORT.md", report(experimented, str(experimented.metrics["slope"])) + "\nAccuracy: 0.937.\n")
-    refused(call(session, "documentation", "complete_phase", summary="done"), "REPORT.md:9: 0.937")
+    done = call(session, "documentation", "complete_phase", summary="done")
+    assert not done.is_error, done.content
+    stamp_report(session)
+    text = session.ws.root.joinpath("REPORT.md").read_text()
+    engine = text.partition("<!-- /labrun:results -->")[0]
+    assert "**Numbers not in any attempt's record** (the agent's own, not vouched for): REPORT.md:" in engine
+    assert ": 0.937." in engine and str(experimented.metrics["slope"]) not in engine.partition("Numbers not")[2]
 
 
 def test_the_honest_report_completes(session, experimented):

@@ -36,17 +36,21 @@ def test_every_idea_completes_with_honest_verdicts(idea: Path, tmp_path):
     (run,) = status["plan"]["runs"]
     assert run["criteria"] == [c["id"] for c in criteria] and run["state"] == "done"  # it serves the idea's own
     report = (ws / "REPORT.md").read_text()
-    header, _, body = report.partition("<!-- /labrun:checks -->\n\n")  # the engine's, under the title
+    header, _, body = report.partition("<!-- /labrun:results -->\n\n")  # the engine's, under the title
+    assert "- attempt 2 (R1): **REPRODUCED**" in header  # the engine ran again the attempt behind its claims
+    assert [a["reproduction"]["status"] if a["reproduction"] else None for a in status["attempts"]] == \
+        [None, "REPRODUCED", None]  # #3 is the analysis, behind no claim
+    assert "Numbers not in any attempt's record" not in header, header  # its prose states only recorded numbers
     if idea == DEMO_IDEA:  # its own study: judged from what R1 measured, citing the attempt
         assert [c["status"] for c in criteria] == ["met", "met", "met"]
         assert all("attempt #2" in c["note"] for c in criteria)
         assert "No research was done" not in report
-        assert "- attempt 2 (R1): **REPRODUCED**" in header  # the engine ran it again
-        assert [a["reproduction"]["status"] if a["reproduction"] else None for a in status["attempts"]] == \
-            [None, "REPRODUCED"]
+        # the engine decides the two criteria the plan gave checks, and shows the third as the agent's judgement
+        assert "| **met** | engine | max_abs_slope_error at most 0.05: " in header and "| **met** | agent |" in header
+        assert header.count("| reproduced |") == 3, header
     else:
         assert all((c["status"], c["note"]) == ("unmet", NOT_EVALUATED) for c in criteria), criteria
-        assert "no criterion was judged met on a successful attempt, so there was nothing to run again" in header
+        assert "| K1: The fitted log-log slope for Gaussian noise in the stand-in's own simulation" in header
         assert body.startswith("**No research was done.**"), report[:800]
         assert "No research on this idea is planned" in (ws / "planning.md").read_text()
 

@@ -73,16 +73,22 @@ def session(sealed_dir, tmp_path, prefect_api):
 
 
 def predicted(session, labels: str = "a b b x") -> None:
-    """The experiments: an attempt that writes the artifact, then verdicts."""
+    """The experiments: an attempt that writes the artifact and its accuracy on its own
+    (development) labels, a claim of that accuracy, then verdicts."""
     planned(session)
     write(session, "src/predict.py", f"open('results/predictions.txt', 'w').write({labels!r})\n"
-                                     "import json; json.dump({'n': 4}, open('results/m0.json', 'w'))\n")
+                                     "dev = 'a b b a'.split(); guess = open('results/predictions.txt').read().split()\n"
+                                     "accuracy = sum(a == b for a, b in zip(dev, guess)) / len(dev)\n"
+                                     "import json; json.dump({'n': 4, 'accuracy': accuracy}, open('results/m0.json', 'w'))\n")
     done = call(session, "experiments", "run_experiment", command="python3 src/predict.py", purpose="predict",
                 run_id="R1", metrics_file="results/m0.json")
     assert "SUCCESS" in done.content, done.content
+    accuracy = session.state.attempts[-1].metrics["accuracy"]
     finished = call(session, "experiments", "complete_phase", summary="done",
                     sections={"experiment_results": "R1 wrote the predictions"},
                     deviations=[{"id": "R2", "reason": "R1 covers it"}],
+                    claims=[{"id": "K1", "statement": "the predictions' accuracy", "metric": "accuracy",
+                             "attempts": [session.state.attempts[-1].n], "value": accuracy}],
                     criteria=[{"id": c, "status": "unmet", "note": "scored by the sealed scorer"}
                               for c in ("C1", "C2", "C3")])
     assert not finished.is_error, finished.content
@@ -129,10 +135,14 @@ def test_the_engine_scores_the_artifact_and_records_it_beside_the_agents_numbers
     score_sealed(session)  # the same artifact: not scored again
     assert sum("sealed scoring started" in line or "sealed scoring of" in line
                for line in session.state.worklog) == 1
-    write(session, "REPORT.md", "# Report\n\nPredictions written.\n")
+    write(session, "REPORT.md", "# Report\n\nPredictions written, 75% right on our own labels.\n")
     stamp_report(session)
-    assert "> **Sealed evaluation: SCORED**, by the engine with the idea's scorer and held-out data, which the " \
-           "agent never saw: results/predictions.txt: accuracy=0.5" in (session.ws.root / "REPORT.md").read_text()
+    report = (session.ws.root / "REPORT.md").read_text()
+    assert "\n**Sealed evaluation: SCORED**, by the engine with the idea's scorer and held-out data, which the " \
+           "agent never saw: results/predictions.txt: accuracy=0.5" in report
+    # the agent's 0.75 on its own labels, beside the sealed 0.5: contradicted, and the sealed score wins
+    assert "| K1: the predictions' accuracy | accuracy = 0.75 (#1) | R1 | contradicted by the sealed evaluation | " \
+           "0.5 (**contradicts**) |" in report, report
 
 
 def test_the_scorers_log_is_kept_where_no_tool_of_the_agents_reaches(session, monkeypatch):
@@ -305,4 +315,4 @@ def test_a_kill_during_sealed_scoring_leaves_nothing_running_and_the_resume_scor
     score = status["sealed_evaluation"]["score"]
     assert (score["status"], score["scores"]) == ("SCORED", {"trials_seen": 1000}), score
     assert (ws / "STATE.md").read_text().count("sealed scoring SCORED") == 1
-    assert "> **Sealed evaluation: SCORED**" in (ws / "REPORT.md").read_text()
+    assert "\n**Sealed evaluation: SCORED**" in (ws / "REPORT.md").read_text()

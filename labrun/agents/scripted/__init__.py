@@ -207,32 +207,60 @@ def _attempts_of_r1(messages: list[dict]) -> str:
     return ", ".join(found)
 
 
+def _r1_metrics(r: ModelRequest) -> tuple[int, dict[str, float]] | None:
+    """R1's last attempt's number and its metrics (`k=v, ...`), when it succeeded."""
+    last = re.match(r"Attempt (\d+): SUCCESS", _last_result(r.messages))
+    pairs = dict(pair.split("=", 1) for pair in _attempt_metrics(r.messages).split(", ") if "=" in pair)
+    try:
+        return int(last.group(1)), {k: float(v) for k, v in pairs.items()}
+    except (AttributeError, ValueError):
+        return None
+
+
+CHECKS = [{"id": "C1", "metric": "max_abs_slope_error", "comparison": "<=", "threshold": 0.05},
+          {"id": "C2", "metric": "max_rel_gap", "comparison": "<=", "threshold": 0.10}]
+"""The demo's criteria that one number decides, for the engine to judge (planning's criterion_checks)."""
+
+
 def _verdicts(r: ModelRequest) -> list[dict]:
-    """The demo idea's three criteria judged from R1's last attempt and its metrics (`k=v,
-    ...`), each citing them; on another idea, every criterion unmet: none was tested."""
+    """The demo idea's three criteria judged from R1's last attempt and its metrics, as the
+    planned checks judge them; on another idea, every criterion unmet: none was tested."""
     if not _is_demo(r.system):
         return [{"id": c, "status": "unmet", "note": NOT_EVALUATED} for c in _criteria_ids(r.system)]
-    last = re.match(r"Attempt (\d+): SUCCESS", _last_result(r.messages))
-    m = dict(pair.split("=", 1) for pair in _attempt_metrics(r.messages).split(", ") if "=" in pair)
-    try:
-        slopes = [float(m["slope_gaussian"]), float(m["slope_uniform"])]
-        gaps = [float(m["max_rel_gap_gaussian"]), float(m["max_rel_gap_uniform"])]
-    except (KeyError, ValueError):
-        last = None
-    if last is None:
+    found = _r1_metrics(r)
+    if found is None or "max_abs_slope_error" not in found[1]:
         return [{"id": c, "status": "unmet", "note": "R1 gave no metrics"} for c in ("C1", "C2", "C3")]
-    n = last.group(1)
-    slope_ok = all(abs(s + 0.5) <= 0.05 for s in slopes)
-    gap_ok = all(g <= 0.10 for g in gaps)
+    n, m = found
     return [
-        {"id": "C1", "status": "met" if slope_ok else "unmet",
-         "note": f"R1, attempt #{n}: slope_gaussian {slopes[0]} and slope_uniform {slopes[1]} against -0.5 ± 0.05"},
-        {"id": "C2", "status": "met" if gap_ok else "unmet",
-         "note": f"R1, attempt #{n}: max_rel_gap_gaussian {gaps[0]} and max_rel_gap_uniform {gaps[1]} against 10%"},
+        {"id": "C1", "status": "met" if m["max_abs_slope_error"] <= 0.05 else "unmet",
+         "note": f"K1: R1, attempt #{n}: the slopes are {m['slope_gaussian']} and {m['slope_uniform']}, "
+                 f"at most {m['max_abs_slope_error']} from -0.5"},
+        {"id": "C2", "status": "met" if m["max_rel_gap"] <= 0.10 else "unmet",
+         "note": f"K2: R1, attempt #{n}: the largest relative gap to sigma/sqrt(k) is {m['max_rel_gap']}"},
         {"id": "C3", "status": "met",
-         "note": f"R1, attempt #{n}: run twice from seed 0, it wrote the same table both times (`cmp` found "
-                 f"no difference, else the attempt would have failed), so slope_gaussian {slopes[0]} reproduces"},
+         "note": f"K3: R1, attempt #{n}: run twice from seed 0, it wrote the same table both times (`cmp` found "
+                 "no difference, else the attempt would have failed); the engine reruns it too"},
     ]
+
+
+def _claims(r: ModelRequest) -> list[dict]:
+    """The key results, each with the record it comes from: on the demo one per criterion, on
+    another idea the stand-in's own slope (it bears on none of the idea's criteria)."""
+    found = _r1_metrics(r)
+    if found is None:
+        return []
+    n, m = found
+    slope = {"id": "K3" if _is_demo(r.system) else "K1", "metric": "slope_gaussian", "attempts": [n],
+             "value": m["slope_gaussian"], "statement": "The fitted log-log slope for Gaussian noise"
+             + (", the same when run again from seed 0" if _is_demo(r.system) else
+                " in the stand-in's own simulation (it does not test this idea)")}
+    if not _is_demo(r.system):
+        return [slope]
+    return [{"id": "K1", "criterion": "C1", "metric": "max_abs_slope_error", "attempts": [n],
+             "value": m["max_abs_slope_error"], "statement": "Both fitted slopes lie this close to -0.5 at most"},
+            {"id": "K2", "criterion": "C2", "metric": "max_rel_gap", "attempts": [n], "value": m["max_rel_gap"],
+             "statement": "The largest relative gap between the measured RMSE and sigma/sqrt(k), over k and noise"},
+            {**slope, "criterion": "C3"}]
 
 
 def _judged(system: str) -> list[tuple[str, str, str]]:
@@ -316,7 +344,8 @@ SCRIPT: dict[str, list[Step]] = {
             + "Question: does the RMSE of a k-sample mean fall as 1/sqrt(k)?\n"
             "Hypothesis: log-log slope -0.5 ± 0.05 for Gaussian and uniform noise.\n"
             "Method: Monte Carlo, k = 1..256, 1000 trials per k, fixed seed; see planning.md."},
-            run_list=[_run(r.system)], analysis_outputs=list(ANALYSIS_OUTPUTS))],
+            run_list=[_run(r.system)], analysis_outputs=list(ANALYSIS_OUTPUTS),
+            **({"criterion_checks": CHECKS} if _is_demo(r.system) else {}))],
     ],
     "setup": [
         lambda r: [_call("bash", command="python3 --version && mkdir -p src results && python3 --version | sed 's/^/# /; s/$/: the standard library only, no packages to install/' > requirements.txt && ls")],
@@ -344,13 +373,15 @@ SCRIPT: dict[str, list[Step]] = {
                          old_str=BUG, new_str=FIX)],
         lambda r: [_call("run_experiment", **_attempt(r.system),
                          fix_applied="rmse_for divided by len(error), an undefined name; now len(errors)")],
-        lambda r: [_call("complete_phase", summary="Run R1 succeeded.", criteria=_verdicts(r), sections={
+        lambda r: [_call("complete_phase", summary="Run R1 succeeded.", criteria=_verdicts(r), claims=_claims(r),
+                         sections={
             "experiment_results": "| run | attempts | metrics |\n|---|---|---|\n"
             f"| R1 | {_attempts_of_r1(r.messages)} | {_attempt_metrics(r.messages)} |\n\n"
             "The second run from seed 0 wrote the same table byte for byte (`cmp` found no difference)."})],
     ],
     "analysis": [
-        lambda r: [_call("bash", command="python3 src/analyze.py")],
+        lambda r: [_call("run_experiment", command="python3 src/analyze.py", purpose="slopes against theory, "
+                         "gaps per k, and the log-log plot", outputs=list(ANALYSIS_OUTPUTS))],
         lambda r: [_call("complete_phase", summary="Slopes compared with theory.", sections={
             "learnings": "- Fitted slopes: gaussian {slope_gaussian}, uniform {slope_uniform} "
             "(theory -0.5); within ±0.05: {ok}\n- Largest gap to sigma/sqrt(k): gaussian "

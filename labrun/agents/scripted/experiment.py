@@ -58,6 +58,9 @@ def main():
         metrics[f"slope_{noise}"] = round(fit_slope(KS, rmses), 4)
         metrics[f"max_rel_gap_{noise}"] = round(max(gaps), 4)
         print(f"{noise}: slope {metrics[f'slope_{noise}']}, largest gap to theory {max(gaps):.1%}")
+    # The criteria's numbers, each one number the engine can check (the plan's criterion checks)
+    metrics["max_abs_slope_error"] = round(max(abs(metrics[f"slope_{n}"] + 0.5) for n in ("gaussian", "uniform")), 4)
+    metrics["max_rel_gap"] = max(metrics[f"max_rel_gap_{n}"] for n in ("gaussian", "uniform"))
     with open(out / "rmse_by_k.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
