@@ -16,6 +16,7 @@ import re
 from typing import Any
 
 from labrun import paper
+from labrun.crashpoints import crashpoint
 from labrun.claims import Standing, Verdict, standing, verdict, number
 from labrun.evidence import ENGINE_BLOCK, SOURCE
 from labrun.prose_numbers import Record, stated, unrecorded
@@ -166,7 +167,9 @@ def stamp_report(session: Session) -> None:
         return
     title, rest = (text.split("\n", 1) + [""])[:2] if text.startswith("# ") else ("", text)
     head = f"{title}\n\n" if title else ""
-    session.ws.write("REPORT.md", head + section(session) + rest.lstrip("\n"))
+    rendered = section(session)
+    crashpoint("rendering")  # a kill before the write: the phase's engine steps run again on resume
+    session.ws.write("REPORT.md", head + rendered + rest.lstrip("\n"))
 
 
 TEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",

@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Mapping, Protocol, Sequence
 import yaml
 
 from labrun import latex, toollog
+from labrun.crashpoints import crashpoint
 from labrun.claims import Claim, claim_problems, standing, verdict
 from labrun.evidence import ENGINE_BLOCK, Evidence
 from labrun.plan import Plan, coverage, normal_path, output_exists, seeds_asked
@@ -484,6 +485,7 @@ class ClaimsHold:
         ids = [c.id for c in given]
         found = [f"claims: the id {i} is given twice; ids must be unique" for i in sorted(set(ids)) if ids.count(i) > 1]
         for claim in given:
+            crashpoint("claims")  # a kill while the engine checks a claim: the resumed phase calls again
             found += claim_problems(claim, work.attempts, work.evidence, work.plan.criterion_ids())
         if self.required and not work.plan.claims and not work.plan.negative_outcome:
             found.append("claims: the key results, each with the metric, the attempts (#n) whose records hold it "

@@ -4,7 +4,8 @@ at seeded random instants and resumed each time, must end exactly as uninterrupt
 Each round picks a crash point and an arrival number at random (the seed fixes both):
 inside a model call (the request out, its reply coming), after a reply arrived and before
 its journal record (the one window where a billed reply can be lost), between a reply and
-its tool results, during an attempt, during the engine's rerun of one (reproduction),
+its tool results, during an attempt, during the engine's rerun of one (reproduction), while the engine checks
+a claim, while it renders REPORT.md's engine section,
 during an atomic write (STATE.md, state.json, a manifest: between the temp file and its
 rename), at every phase-table write, at the end of a phase before Prefect commits its cached
 result, and inside that commit (Prefect's own write of a result record, torn halfway). The scripted agent is one backend; the Anthropic
@@ -44,7 +45,7 @@ from labrun.state import parse_state_md, phase_table  # noqa: E402
 from labrun.status import session_status  # noqa: E402
 
 POINTS = {"model-call": 4, "reply-received": 4, "reply-saved": 4, "attempt": 1, "reproduction": 1, "atomic-write": 24,
-          "phase-start": 2, "phase-done": 4, "phase-end": 2, "result-write": 3}
+          "phase-start": 2, "phase-done": 4, "phase-end": 2, "result-write": 3, "claims": 2, "rendering": 2}
 """Crash point → the largest arrival number drawn (small, so that most rounds kill)."""
 LOSSY = {"model-call", "reply-received"}
 SEEDS = int(os.environ.get("LABRUN_CRASH_SEEDS", "2"))
