@@ -41,8 +41,9 @@ class Claim(BaseModel):
     statement: str = Field(min_length=1, description="The finding, in one sentence.")
     metric: str = Field(min_length=1, description="The metric's name, as the attempts' metrics files record it.")
     attempts: list[int] = Field(min_length=1, description="The attempts (#n) whose records hold the value.")
-    value: float = Field(description="The value the write-up states: the metric in those attempts' records (their "
-                         "mean when several), rounded as you like to 2 significant digits or more, or as a percentage.")
+    value: float | str = Field(description="The value the write-up states: the metric in those attempts' records "
+                               "(their mean when several), rounded as you like to 2 significant digits or more, or as "
+                               "a percentage; as text (\"0.90\", \"89.8%\") it keeps the precision it is written with.")
     criterion: str | None = Field(default=None, description="The evaluation criterion it bears on (C1, …), if any.")
     baseline_attempts: list[int] = Field(default_factory=list, description="For a comparison: the baseline's "
                                          "attempts, which record the same metric.")
@@ -90,27 +91,33 @@ def measured(attempt: Any, metric: str, evidence: Any) -> float | None:
     return float(value) if number(value) else None
 
 
-def held(stated: float, recorded: float) -> bool:
+def held(stated: float | str, recorded: float) -> bool:
     """The stated value is the recorded one, rounded at the precision it is written with (2
-    significant digits at least), or the same as a percentage."""
-    for scale in (1.0, 100.0):
+    significant digits at least), or the same as a percentage (a text ending in % is one)."""
+    number, places, percent = written(stated)
+    for scale in ((100.0,) if percent else (1.0, 100.0)):
         target = recorded * scale
+        if math.isclose(number, target, rel_tol=1e-9, abs_tol=1e-15):
+            return True  # as the record holds it, however few its digits
         if target == 0:
-            if stated == 0:
-                return True
             continue
-        places = _places(stated)
-        if abs(stated - target) <= 0.5 * 10 ** -places + 1e-12 * abs(target) and _significant(target, places) >= 2:
+        if abs(number - target) <= 0.5 * 10 ** -places + 1e-12 * abs(target) and _significant(target, places) >= 2:
             return True
     return False
 
 
-def _places(value: float) -> int:
-    """Decimal places of a number as JSON writes it (0.97 → 2, 1e-05 → 5, 12.0 → 0)."""
-    text = repr(float(value)).lower()
-    mantissa, _, exponent = text.partition("e")
-    decimals = len(mantissa.partition(".")[2].rstrip("0"))
-    return max(0, decimals - int(exponent or 0))
+def written(value: float | str) -> tuple[float, int, bool]:
+    """(number, decimal places, a percentage): a JSON number's places as Python writes it
+    (0.97 → 2, 1e-05 → 5, 12.0 → 0: a trailing zero is lost), a text's as written ("0.90" → 2)."""
+    text = value.strip().replace("\u2212", "-") if isinstance(value, str) else repr(float(value))
+    percent = text.endswith("%")
+    mantissa, _, exponent = text.rstrip("%").strip().lower().partition("e")
+    try:
+        number = float(text.rstrip("%"))
+    except ValueError:
+        raise ValueError(f"value {value!r} is not a number") from None
+    decimals = len(mantissa.partition(".")[2]) if isinstance(value, str) else len(mantissa.partition(".")[2].rstrip("0"))
+    return number, max(0, decimals - int(exponent or 0)), percent
 
 
 def _significant(target: float, places: int) -> int:
@@ -143,7 +150,11 @@ def claim_problems(claim: Claim, attempts: Sequence[Any], evidence: Any, criteri
     if found:
         return found
     value = fmean(values[n] for n in dict.fromkeys(claim.attempts))
-    if not held(claim.value, value):
+    try:
+        stated = held(claim.value, value)
+    except ValueError as e:
+        return [f"claims: {claim.id}: {e}; give it as a number, or as text such as \"0.90\" or \"89.8%\""]
+    if not stated:
         found.append(f"claims: {claim.id} states {claim.metric} = {_num(claim.value)}, but the record holds "
                      f"{_num(value)} ({_from(claim.attempts)}): state that value, rounded to 2 significant digits "
                      "or more, or as a percentage")
