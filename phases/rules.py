@@ -8,6 +8,7 @@ itself in words for the prompts. A phase needing something new declares a new pa
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import stat
@@ -449,7 +450,9 @@ class CriteriaJudged:
             claims = [k for k in plan.claims if k.criterion == c.id]
             check = plan.check(c.id)
             if c.status is None:
-                found.append(f"a verdict on criterion {c.id} (\"{_clip(c.text)}\") in criteria: met or unmet, with a note")
+                if check is None:  # a checked one the engine decides from the claims
+                    found.append(f"a verdict on criterion {c.id} (\"{_clip(c.text)}\") in criteria: met or unmet, "
+                                 "with a note")
             elif c.phase != work.phase:
                 continue  # judged in an earlier phase; the engine's section shows how it stands now
             elif c.status == "met" and plan.runs and not done & set(serving):
@@ -460,16 +463,23 @@ class CriteriaJudged:
                              f"\"{c.id}\", metric, attempts, value, …}}{f', giving {check.metric}' if check else ''}); "
                              "otherwise it is unmet")
             elif check is not None and claims:
-                engine = verdict(c, check, [standing(k, attempts, {}, 0) for k in claims], {})
-                if engine.verdict in ("met", "unmet") and engine.verdict != c.status:
+                # met or unmet by the numbers alone (whether they reproduce is the engine's section's to show)
+                engine = verdict(c, check, [standing(k, attempts, {}, 0, math.inf) for k in claims])
+                if not any(k.metric == check.metric for k in claims):
+                    if c.status == "met":
+                        found.append(f"criteria: {c.id} has a planned check on {check.metric}, which no claim gives "
+                                     f"yet: leave its verdict out, and the engine decides it once a claim gives "
+                                     f"{check.metric} (here or in the analysis)")
+                elif engine.verdict in ("met", "unmet") and engine.verdict != c.status:
                     found.append(f"criteria: {c.id} is {engine.verdict} by the planned check ({engine.basis}); "
-                                 f"give that verdict, or a claim with the numbers that decide it")
+                                 f"give that verdict, or leave it out and the engine gives it")
         return found
 
     def describe(self) -> str:
-        return ("every evaluation criterion of the idea is judged met or unmet in `criteria`, with a note; a met "
-                "one has a successful attempt of a run that serves it and a claim that bears on it, and a criterion "
-                "with a planned check gets the verdict its claims' numbers give")
+        return ("every evaluation criterion of the idea without a planned check is judged met or unmet in "
+                "`criteria`, with a note; a met one has a successful attempt of a run that serves it and a claim that "
+                "bears on it; the engine decides a checked criterion from its claims, and a verdict given for one "
+                "must agree")
 
 
 @dataclass(frozen=True)
