@@ -346,7 +346,7 @@ def unmeasured(attempt: Any, record: Mapping[str, Any], read_text: Callable[[str
     if not name:
         return None
     if name not in (record.get("wrote") or ()):
-        return f"it did not write {name}: that file was there before it ran, as it is now"
+        return f"it did not write {name}: that file holds what it held before the attempt ran"
     digest = (record.get("after") or {}).get(name)
     copied = [rel for rel, d in before.items() if d == digest]
     if copied:
@@ -354,7 +354,7 @@ def unmeasured(attempt: Any, record: Mapping[str, Any], read_text: Callable[[str
     texts = {"its command": attempt.command, **{f: read_text(f) or "" for f in ran}}
     written = {where: {float(n) for n in NUMBER.findall(text)} for where, text in texts.items()}
     for key, value in attempt.metrics.items():
-        where = [w for w, numbers in written.items() if precise(value) and value in numbers]
+        where = [w for w, numbers in written.items() if precise(value) and abs(value) in numbers]  # a sign is no digit
         if where:
             return f"the value of {key} ({value}) is written in {where[0]}"
     return None

@@ -349,8 +349,9 @@ SCRIPT: dict[str, list[Step]] = {
             f"| R1 | {_attempts_of_r1(r.messages)} | {_attempt_metrics(r.messages)} |\n\n"
             "The second run from seed 0 wrote the same table byte for byte (`cmp` found no difference)."})],
     ],
-    "analysis": [
-        lambda r: [_call("bash", command="python3 src/analyze.py")],
+    "analysis": [  # the figures are planned outputs: an attempt that computes them writes them
+        lambda r: [_call("run_experiment", command="python3 src/analyze.py", purpose="the slopes, gaps and figure "
+                         "from the results", outputs=list(ANALYSIS_OUTPUTS))],
         lambda r: [_call("complete_phase", summary="Slopes compared with theory.", sections={
             "learnings": "- Fitted slopes: gaussian {slope_gaussian}, uniform {slope_uniform} "
             "(theory -0.5); within ±0.05: {ok}\n- Largest gap to sigma/sqrt(k): gaussian "
