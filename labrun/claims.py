@@ -156,7 +156,7 @@ def claim_problems(claim: Claim, attempts: Sequence[Any], evidence: Any, criteri
             found.append(f"claims: {claim.id} cites #{n}, which is {attempt.status}: cite successful attempts")
         elif (value := measured(attempt, metric, evidence)) is None:
             found.append(f"claims: {claim.id} cites #{n}, whose record holds no measured {metric} "
-                         f"({_what_it_holds(attempt, evidence)}; a nested key is named with dots, `a.b`)")
+                         f"({_what_it_holds(attempt, metric, evidence)}; a nested key is named with dots, `a.b`)")
         else:
             values[n, metric] = value
     if found:
@@ -180,21 +180,28 @@ def claim_problems(claim: Claim, attempts: Sequence[Any], evidence: Any, criteri
                          "state the comparison the numbers show")
     cited = {*claim.attempts, *claim.baseline_attempts, *(s.attempt for s in claim.set_aside)}
     for group, metric in ((claim.attempts, claim.metric), (claim.baseline_attempts, claim.compared_metric)):
+        # every measurement of the same thing counts, not the one picked: the same runs' attempts,
+        # and those of the same phases that named no run
         runs = {by_n[n].run_id for n in group if by_n[n].run_id}
-        left = [a.n for a in attempts if a.run_id in runs and a.n not in cited and a.status == "SUCCESS"
-                and measured(a, metric, evidence) is not None]
+        phases = {by_n[n].phase for n in group}
+        left = [a.n for a in attempts if (a.run_id in runs or a.run_id is None and a.phase in phases)
+                and a.n not in cited and a.status == "SUCCESS" and measured(a, metric, evidence) is not None]
         if left:
-            found.append(f"claims: {claim.id} cites run {', '.join(sorted(runs))}, whose attempts "
+            what = f"run {', '.join(sorted(runs))}" if runs else "attempts that name no run"
+            found.append(f"claims: {claim.id} cites {what}, and attempts "
                          f"{', '.join(f'#{n}' for n in left)} also measured {metric}: cite them too (the value "
-                         "is then the mean of all) or give each in set_aside with the reason it does not count")
+                         "is then the mean of all) or give each in set_aside with the reason it does not count "
+                         "(a smoke test, a bug fixed since)")
     return found
 
 
-def _what_it_holds(attempt: Any, evidence: Any) -> str:
+def _what_it_holds(attempt: Any, metric: str, evidence: Any) -> str:
     if not attempt.metrics:
         return "it recorded no metrics"
-    if not evidence.measured(attempt):
-        return f"its metrics are not evidence: {getattr(attempt, 'unmeasured', None) or 'it ran no workspace code'}"
+    if attempt.unmeasured:
+        return f"its metrics are not evidence: {attempt.unmeasured}"
+    if metric in attempt.echoed:
+        return f"the value of {metric} is written in {attempt.echoed[metric]}, not computed"
     names = [k for k, v in evidence.measured(attempt).items() if number(v)]
     return f"it measured: {', '.join(names[:12])}" if names else "it measured no number"
 
@@ -222,6 +229,9 @@ class Standing:
     contradicted: bool
     """The sealed score differs beyond tolerance."""
     code_changed: tuple[str, ...] = ()
+    scored: str = ""
+    """The sealed scores, when they score what this claim's attempts made (shown beside a
+    claim of another name: the agent names its metrics)."""
 
     @property
     def confirmed(self) -> bool:
@@ -267,13 +277,24 @@ def standing(claim: Claim, attempts: Mapping[int, Any], sealed: Mapping[str, Any
     else:
         reproduced = "not rerun" + (f" ({skipped[0]})" if skipped else "")
     value = mean(claim.attempts, claim.metric)
-    score = sealed.get(claim.metric)
-    score = float(score) if number(score) else None
+    same = [v for k, v in sealed.items() if _name(k) == _name(claim.metric) and number(v)]
+    score = float(same[0]) if same else None
     contradicted = score is not None and value is not None and not math.isclose(value, score, rel_tol=tolerance,
                                                                                    abs_tol=1e-12)
     gone = tuple(dict.fromkeys(f for a, _ in behind for f in (changed or {}).get(a.n, ())))
     baseline = mean(claim.baseline_attempts, claim.compared_metric) if claim.baseline_attempts else None
-    return Standing(claim, value, baseline, reproduced, score, contradicted, gone)
+    scored = ", ".join(f"{k}={_num(v)}" for k, v in sealed.items())
+    return Standing(claim, value, baseline, reproduced, score, contradicted, gone, scored)
+
+
+def _name(metric: str) -> str:
+    """A metric's name as the sealed score is matched to it: `Accuracy`, `accuracy_` and
+    `ACCURACY` are one."""
+    return "".join(c for c in metric.lower() if c.isalnum())
+
+
+ENGINE = "engine, by the check planning gave"
+"""Who decides a checked criterion: the engine, but by a threshold the agent chose in planning."""
 
 
 @dataclass(frozen=True)
@@ -298,17 +319,17 @@ def verdict(criterion: Any, check: CriterionCheck | None, standings: Sequence[St
         on = [s for s in mine if s.claim.metric == check.metric and s.value is not None]
         if scored := [s.sealed for s in on if s.sealed is not None]:
             met = check.holds(scored[0])
-            return Verdict(criterion, "met" if met else "unmet", "engine, from the sealed evaluation",
+            return Verdict(criterion, "met" if met else "unmet", "engine, by the sealed score",
                            f"{check.describe()}: the sealed score is {_num(scored[0])}", ids)
         if not on:
-            return Verdict(criterion, "unmet", "engine", f"{check.describe()}: no claim gives {check.metric}", ids)
-        value = fmean(s.value for s in on)
-        met = check.holds(value)
-        basis = f"{check.describe()}: {_num(value)}"
+            return Verdict(criterion, "unmet", ENGINE, f"{check.describe()}: no claim gives {check.metric}", ids)
+        # every claim must hold (the worst of them decides): a mean of two could pass where neither does
+        met = all(check.holds(s.value) for s in on)
+        basis = f"{check.describe()}: " + ", ".join(f"{_num(s.value)} ({s.claim.id})" for s in on)
         if met and not all(s.confirmed for s in on):
-            return Verdict(criterion, "unconfirmed", "engine", basis + ", " + "; ".join(s.status for s in on
-                                                                                      if not s.confirmed), ids)
-        return Verdict(criterion, "met" if met else "unmet", "engine", basis, ids)
+            return Verdict(criterion, "unconfirmed", ENGINE, basis + "; " + "; ".join(s.status for s in on
+                                                                                    if not s.confirmed), ids)
+        return Verdict(criterion, "met" if met else "unmet", ENGINE, basis, ids)
     if criterion.status is None:
         return Verdict(criterion, "not judged", "agent", "", ids)
     if criterion.status == "met" and not all(s.confirmed for s in mine):

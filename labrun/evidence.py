@@ -12,23 +12,16 @@ evidence when:
   runs nothing);
 - **it did not write its metrics file** (the file was there before it ran, as it is: typed
   with the editor);
-- **its metrics file is a copy**: the same bytes as a file there before it ran;
-- **a metric's value is written in the command or in the code it ran** (as the attempt found
-  it): only non-integer numbers of 3 significant digits or more, so that a threshold 0.5 or a
-  constant 300 in honest code says nothing.
+- **its metrics file is a copy**: the same bytes as a file there before it ran.
+
+And one metric is not measured (`echoed`, kept on the attempt too) when **its value is written
+in the command** (a number with a decimal point: `--lr 0.001` echoed as a metric is a setting)
+**or in the workspace's code as the attempt found it** (any source file, imported or not:
+non-integer numbers of 3 significant digits or more, so that a threshold 0.5 or a constant 300
+in honest code says nothing).
 
 A file counts when a computing attempt wrote it and it still holds what that attempt wrote: a
 later edit with the editor or `bash` takes it out, and so does a copy of what was there before.
-
-Besides evidence, the numbers the idea and the plan's run list state (sizes, seeds,
-settings) may be restated.
-
-**How a number is matched** (`latex.Numbers.traces`): the decimal numbers a text states (`0.731`, `-0.49`,
-`12.5%`, `3.1e-4`; integers are counts, years and sizes, and are not checked) must each be
-found among the evidence's numbers at the precision written: `0.73` matches 0.7312, not 0.74.
-A percentage matches itself or its fraction (`12.5%` matches 0.125), and an unsigned number
-either sign. In Markdown only addresses (links, DOIs, arXiv ids) are left out: a number in a
-code block or a table is a claim as much as one in a sentence.
 """
 
 from __future__ import annotations
@@ -41,16 +34,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from labrun import latex
 from labrun.snapshot import entry_digest
 from labrun.wsfs import Beneath, Refused
 
 ENGINE_BLOCK = re.compile(r"<!-- labrun:(\w+) -->.*?<!-- /labrun:\1 -->", re.S)
-"""What the engine writes into a write-up itself (REPORT.md's reproduction header): not the
+"""What the engine writes into a write-up itself (REPORT.md's results section): not the
 agent's claims."""
-CITED = re.compile(r"#(\d+)\b")
-"""An attempt cited by number in a note (`#3`)."""
-ADDRESS = re.compile(r"\]\([^)]*\)|<?https?://\S+|\bdoi:\S+|\barXiv:\S+", re.I)
+SOURCE_SUFFIXES = frozenset((".py", ".sh", ".bash", ".r", ".jl", ".ipynb", ".js", ".ts", ".lean", ".m", ".cpp",
+                             ".cc", ".c", ".h", ".hpp", ".cu", ".rs", ".go", ".java", ".scala", ".pl", ".rb", ".lua"))
+"""The workspace's code, by its name (for a value written in it, and code changed since a run)."""
 
 
 ASSIGNMENT = re.compile(r"[A-Za-z_]\w*=")
@@ -348,16 +340,38 @@ def unmeasured(attempt: Any, record: Mapping[str, Any], read_text: Callable[[str
     if name not in (record.get("wrote") or ()):
         return f"it did not write {name}: that file holds what it held before the attempt ran"
     digest = (record.get("after") or {}).get(name)
-    copied = [rel for rel, d in before.items() if d == digest]
+    # written again as it was (a deterministic rerun) is no copy; else the same bytes as another file are
+    copied = [] if before.get(name) == digest else [rel for rel, d in before.items() if d == digest]
     if copied:
         return f"{name} is a copy of {copied[0]}, which was there before it ran"
-    texts = {"its command": attempt.command, **{f: read_text(f) or "" for f in ran}}
-    written = {where: {float(n) for n in NUMBER.findall(text)} for where, text in texts.items()}
-    for key, value in attempt.metrics.items():
-        where = [w for w, numbers in written.items() if precise(value) and abs(value) in numbers]  # a sign is no digit
-        if where:
-            return f"the value of {key} ({value}) is written in {where[0]}"
     return None
+
+
+def echoed(attempt: Any, record: Mapping[str, Any], read_text: Callable[[str], str | None],
+           root: str | Path | None = None) -> dict[str, str]:
+    """Metric → where its value is written (not computed): the command (any number with a
+    decimal point), or a source file of the workspace as the attempt found it, imported or not,
+    or a file it ran whatever its name (a number precise enough not to be a setting). A sign is
+    no digit."""
+    before = record.get("before") or {}
+    written = {"its command": {abs(float(n)) for n in NUMBER.findall(attempt.command) if not n.isdigit()}}
+    ran = set(code_run(attempt.command, before, root))
+    for rel in before:
+        if (is_source(rel) or rel in ran) and (text := read_text(rel)):
+            written[rel] = {abs(float(n)) for n in NUMBER.findall(text)}
+    found = {}
+    for key, value in attempt.metrics.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            continue
+        for where, numbers in written.items():
+            if abs(value) in numbers and (where == "its command" and not float(value).is_integer() or precise(value)):
+                found[key] = where
+                break
+    return found
+
+
+def is_source(rel: str) -> bool:
+    return posixpath.splitext(rel)[1].lower() in SOURCE_SUFFIXES
 
 
 def kept_text(kept: Path, before: Mapping[str, str], limit: int = 2_000_000) -> Callable[[str], str | None]:
@@ -389,8 +403,11 @@ class Evidence:
         return attempt.status == "SUCCESS" and attempt.unmeasured is None
 
     def measured(self, attempt: Any) -> dict[str, Any]:
-        """The metrics the attempt computed (none for an attempt that did not compute)."""
-        return dict(attempt.metrics) if self.computed(attempt) else {}
+        """The metrics the attempt computed (none for an attempt that did not compute, and
+        none whose value is written in its command or code)."""
+        if not self.computed(attempt):
+            return {}
+        return {k: v for k, v in attempt.metrics.items() if k not in attempt.echoed}
 
     def measured_files(self, outside: Iterable[str] = ()) -> list[str]:
         """The files that hold what a computing attempt wrote, as it wrote them (`outside`:
@@ -411,17 +428,3 @@ class Evidence:
                     and now not in set((record.get("before") or {}).values()):
                 return True
         return False
-
-    def numbers(self, outside: Iterable[str] = ()) -> latex.Numbers:
-        metrics = [float(v) for a in self.attempts for v in self.measured(a).values()
-                   if isinstance(v, (int, float)) and not isinstance(v, bool)]
-        stated = [float(v) for text in self.stated for v in latex.RESULT_NUMBER.findall(text)]
-        return latex.Numbers([*latex.Numbers.in_files(Beneath(self.root), self.measured_files(outside)).values, *metrics, *stated])
-
-
-def markdown_numbers(text: str) -> list[latex.Stated]:
-    """The decimal numbers a Markdown text states, as `latex.stated_numbers` reads a paper's
-    (addresses blanked out, line numbers kept)."""
-    blank = lambda m: "\n" * m.group(0).count("\n")  # noqa: E731
-    text = ADDRESS.sub(blank, ENGINE_BLOCK.sub(blank, text))
-    return latex.stated_numbers(text.replace("\\", " ").replace("%", "\\%"))

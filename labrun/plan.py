@@ -148,9 +148,9 @@ class Plan(BaseModel):
                               if parts.get(k) is not None})
         if parts.get("criterion_checks") is not None:
             plan.checks = [CriterionCheck.model_validate(c) for c in parts["criterion_checks"]]
-        for claim in parts.get("claims") or ():
+        for claim in parts.get("claims") or ():  # a phase replaces its own claim; another phase's stays
             c = Claim.model_validate(claim)
-            plan.claims = [x for x in plan.claims if x.id != c.id]
+            plan.claims = [x for x in plan.claims if (x.id, x.phase) != (c.id, phase)]
             plan.claims.append(RecordedClaim(**c.model_dump(), phase=phase))
         if parts.get("run_list") is not None:
             plan.runs = [PlannedRun.model_validate(r) for r in parts["run_list"]]

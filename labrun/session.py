@@ -19,7 +19,7 @@ from labrun.journal import Conversation, phase_usage
 from labrun.keys import Key, pass_env_names, session_keys, unset
 from labrun.plan import Plan
 from labrun.egress import EgressProxy
-from labrun.evidence import kept_text, unmeasured
+from labrun.evidence import echoed, kept_text, unmeasured
 from labrun.sandbox import Sandbox, bubblewrap
 from labrun.sealed import hidden, seal
 from labrun.secrets import declare
@@ -205,7 +205,8 @@ class Session:
         for a in state.attempts:  # an attempt of a labrun that did not judge its metrics when it ended
             if a.status == "SUCCESS" and "unmeasured" not in a.model_fields_set:
                 record = self.attempt_files(a.n) or {}
-                a.unmeasured = unmeasured(a, record, kept_text(self.ws.kept, record.get("before") or {}), self.ws.root)
+                kept = kept_text(self.ws.kept, record.get("before") or {})
+                a.unmeasured, a.echoed = unmeasured(a, record, kept, self.ws.root), echoed(a, record, kept, self.ws.root)
         state.time_limit_s = idea.constraints.time_limit
         if state.budget_from is None:
             # Before the two budgets, the idea's constraints.budget limited the agent's own spend.
@@ -316,11 +317,11 @@ class Session:
         except (OSError, ValueError):
             return None
 
-    def attempt_wrote(self, n: int, files_after: dict[str, str]) -> None:
+    def attempt_wrote(self, n: int, files_after: dict[str, str], rewritten: Iterable[str] = ()) -> None:
         """Record what attempt n changed in the workspace, for the retry rule and as evidence
-        (`labrun.evidence`)."""
+        (`labrun.evidence`); `rewritten`: files it wrote again as they were."""
         files = self.attempt_files(n) or {"before": {}}
-        files["wrote"] = sorted(changed(files["before"], files_after))
+        files["wrote"] = sorted(set(changed(files["before"], files_after)) | set(rewritten))
         files["after"] = {k: files_after[k] for k in files["wrote"] if k in files_after}  # what it wrote, as evidence
         self.ws.write_json(self.attempt_files_path(n), files)
 

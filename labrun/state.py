@@ -112,6 +112,9 @@ class Attempt(BaseModel):
     unmeasured: str | None = None
     """Why its metrics and files are not evidence (`labrun.evidence.unmeasured`), judged once
     when it ended; None when they are."""
+    echoed: dict[str, str] = Field(default_factory=dict)
+    """Metric → where its value is written rather than computed (`labrun.evidence.echoed`): not
+    measured, whatever the rest."""
 
 
 class Branch(BaseModel):

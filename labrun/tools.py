@@ -257,6 +257,9 @@ class ToolBox:
             f"Metrics: {metrics}",
             *([f"Not evidence: {attempt.unmeasured}. {NOT_EVIDENCE}"]
               if attempt.status == "SUCCESS" and attempt.unmeasured and (attempt.metrics_file or attempt.outputs) else []),
+            *([f"Not measured: {', '.join(f'{k} (its value is written in {w})' for k, w in attempt.echoed.items())}: "
+               "a setting or a number typed in is no result; no claim may cite these."]
+              if attempt.status == "SUCCESS" and not attempt.unmeasured and attempt.echoed else []),
             f"Outputs: {', '.join(attempt.outputs) or 'none'}",
             f"Log: {attempt.log}",
             "Output (tail):",

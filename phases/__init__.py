@@ -149,7 +149,7 @@ for _phase in (
            Sections(experiment_results="Experiment Results")),
           max_turns=60),
     Phase("analysis", "Analysis", "statistics, comparisons, figures",
-          (PlannedOutputs(), ClaimsHold(), CriteriaJudged(), Sections(learnings="Learnings"))),
+          (PlannedOutputs(), ClaimsHold(), CriteriaJudged(every=False), Sections(learnings="Learnings"))),
     Phase("documentation", "Documentation", "final write-up",
           (Files("REPORT.md", "README.md"), SaysWhatFailed("REPORT.md"), AccountsForPlan("REPORT.md")),
           max_turns=30,

@@ -18,7 +18,7 @@ from prefect.transactions import CommitMode, transaction
 
 from labrun.commands import run_command
 from labrun.crashpoints import crashpoint
-from labrun.evidence import kept_text, unmeasured
+from labrun.evidence import echoed, kept_text, unmeasured
 from labrun.session import Session
 from labrun.snapshot import changed, keep_copies, workspace_files
 from labrun.state import Attempt
@@ -35,7 +35,7 @@ DISK_FULL = os.strerror(errno.ENOSPC)  # "No space left on device"
 
 def start_attempt(session: Session, phase_key: str, inp: RunExperimentInput) -> Attempt:
     files = workspace_files(session.ws.root)
-    refuse_if_repeated(session, inp, files)
+    refuse_if_repeated(session, phase_key, inp, files)
     keep_copies(session.ws.root, files, session.ws.kept)  # so that the engine can run it again
     attempt = session.new_attempt(phase_key, inp, files)
     with transaction(commit_mode=CommitMode.EAGER):
@@ -45,8 +45,9 @@ def start_attempt(session: Session, phase_key: str, inp: RunExperimentInput) -> 
     return Attempt.model_validate(record)
 
 
-def refuse_if_repeated(session: Session, inp: RunExperimentInput, files: dict[str, str]) -> None:
-    """A refused call is not an attempt: it gets no number, only a Worklog line.
+def refuse_if_repeated(session: Session, phase_key: str, inp: RunExperimentInput, files: dict[str, str]) -> None:
+    """A refused call is not an attempt: it gets no number, only a Worklog line. After a
+    failed attempt, the phase's next one says what it changed (a new phase starts afresh).
 
     "The same failed command on unchanged sources": the workspace now (`files`) against the
     workspace as the failed attempt found it. What that attempt wrote itself, its declared
@@ -54,7 +55,7 @@ def refuse_if_repeated(session: Session, inp: RunExperimentInput, files: dict[st
     attempts = session.state.attempts
     last = attempts[-1] if attempts else None
     reason = None
-    if last and last.status == "FAILED" and not (inp.fix_applied or "").strip():
+    if last and last.status == "FAILED" and last.phase == phase_key and not (inp.fix_applied or "").strip():
         reason = (
             f"attempt {_named(session, last)} failed ({last.error}); say in fix_applied what you changed "
             "before the next attempt"
@@ -99,6 +100,7 @@ def experiment_attempt(session_id: str, workspace: str, n: int) -> dict:
     attempt = session.state.attempts[n - 1]
     session.update_attempt(n, task_run=str(TaskRunContext.get().task_run.id))
     log = session.ws.root / attempt.log
+    found = _identity(session, attempt.metrics_file)
     result = run_command(
         attempt.command,
         session.ws.root,
@@ -110,10 +112,13 @@ def experiment_attempt(session_id: str, workspace: str, n: int) -> dict:
         keys=session.key_names(),
     )
     session.ws.release_reserve_if_full()  # so that this attempt's record fits
-    session.attempt_wrote(n, workspace_files(session.ws.root))
+    # a deterministic run writes its metrics file again byte for byte: written all the same
+    rewritten = [attempt.metrics_file] if found and _identity(session, attempt.metrics_file) not in (None, found) else []
+    session.attempt_wrote(n, workspace_files(session.ws.root), rewritten)
     status, error, metrics, outputs = judge(session, attempt, result)
     record = session.attempt_files(n) or {}
     ended = attempt.model_copy(update={"metrics": metrics})
+    kept = kept_text(session.ws.kept, record.get("before") or {})
     session.update_attempt(
         n,
         status=status,
@@ -122,10 +127,21 @@ def experiment_attempt(session_id: str, workspace: str, n: int) -> dict:
         error=error,
         metrics=metrics,
         outputs=outputs,
-        unmeasured=unmeasured(ended, record, kept_text(session.ws.kept, record.get("before") or {}), session.ws.root),
+        unmeasured=unmeasured(ended, record, kept, session.ws.root),
+        echoed=echoed(ended, record, kept, session.ws.root),
         pgid=None,
     )
     return session.state.attempts[n - 1].model_dump()
+
+
+def _identity(session: Session, rel: str | None) -> tuple[int, int] | None:
+    """A file's inode and modification time (None when there is none, or it is not one the
+    engine reads): which tell a file written again from one left alone."""
+    try:
+        st = session.ws.files.lstat(rel) if rel else None
+    except Refused:
+        return None
+    return (st.st_ino, st.st_mtime_ns) if st is not None else None
 
 
 def judge(session: Session, attempt: Attempt, result) -> tuple[str, str | None, dict, list[str]]:

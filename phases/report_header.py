@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import itertools
 import re
+import unicodedata
 from typing import Any
 
 from labrun import paper
 from labrun.crashpoints import crashpoint
 from labrun.claims import Standing, Verdict, standing, verdict, number
-from labrun.evidence import ENGINE_BLOCK, SOURCE
+from labrun.evidence import ENGINE_BLOCK, is_source
 from labrun.prose_numbers import Record, stated, unrecorded
 from labrun.session import Session
 from labrun.snapshot import entry_digest
@@ -26,6 +27,11 @@ from labrun.phases.reproduction import reproduction_lines, settings
 from labrun.phases.sealed_scoring import sealed_line
 
 DEFAULT_SEALED_TOLERANCE = 0.05
+MAX_METRICS = 64
+"""An attempt with more numbers than this adds to the record only those a claim cites."""
+CONVENTIONS = (1.96, 2.576, 1.645, 0.05, 0.01, 0.001)
+"""Conventional constants of statistics (a 95% interval's z, significance levels), which a
+report states and no attempt needs to record."""
 MAX_LISTED = 40
 
 
@@ -54,7 +60,7 @@ def code_changed(session: Session, record: dict) -> list[str]:
     """The source files an attempt started from (`record`: its files) that the workspace no
     longer holds as they were."""
     return [rel for rel, digest in (record.get("before") or {}).items()
-            if SOURCE.fullmatch(rel) and entry_digest(session.ws.root, rel) != digest]
+            if is_source(rel) and entry_digest(session.ws.root, rel) != digest]
 
 
 def cell(text: Any) -> str:
@@ -93,7 +99,8 @@ def section(session: Session) -> str:
         lines += ["", "| claim | value in the record | runs | reproduction | sealed score |", "|---|---|---|---|---|"]
         for s in standings:
             runs = sorted({attempts[n].run_id for n in s.claim.attempts if n in attempts and attempts[n].run_id})
-            score = "—" if s.sealed is None else f"{_num(s.sealed)}" + (" (**contradicts**)" if s.contradicted else "")
+            score = (f"{_num(s.sealed)}" + (" (**contradicts**)" if s.contradicted else "") if s.sealed is not None else
+                     f"{cell(s.scored)} (another metric)" if s.scored else "—")
             lines.append(f"| {cell(s.claim.id)}: {cell(s.claim.statement)} | {value_of(s)} | {', '.join(runs) or '—'} "
                          f"| {cell(s.status)} | {score} |")
     else:
@@ -109,7 +116,11 @@ def section(session: Session) -> str:
               for s in standings if s.code_changed]
     if notes:
         lines += ["", *notes]
-    listed = unrecorded_numbers(session, standings)
+    texts = write_up(session)
+    imitations = [f"{name}:{n}" for name, text, _ in texts for n in imitating(text)]
+    if imitations:
+        lines += ["", f"**Imitations of this section in the agent's text** (not the engine's): {', '.join(imitations)}."]
+    listed = unrecorded_numbers(texts, record(session, standings))
     if listed:
         shown = "; ".join(listed[:MAX_LISTED]) + (f"; and {len(listed) - MAX_LISTED} more" if len(listed) > MAX_LISTED else "")
         lines += ["", f"**Numbers not in any attempt's record** (the agent's own, not vouched for): {shown}."]
@@ -121,9 +132,14 @@ def record(session: Session, standings: list[Standing]) -> Record:
     score's numbers, the attempts' durations, the claims' values, and the numbers the idea and
     the plan state. Never an output file's contents: a per-item file would hold every number."""
     work = session.work("documentation", {})
-    values: list[float] = []
+    claimed_metrics = {(n, c.metric) for c in session.state.plan.claims for n in c.attempts} | \
+        {(n, c.compared_metric) for c in session.state.plan.claims for n in c.baseline_attempts}
+    values: list[float] = [*CONVENTIONS]
     for a in work.attempts:
-        values += [float(v) for v in work.evidence.measured(a).values() if number(v)]
+        measured = {k: float(v) for k, v in work.evidence.measured(a).items() if number(v)}
+        if len(measured) > MAX_METRICS:  # a flood of numbers would hold any: only what claims cite counts
+            measured = {k: v for k, v in measured.items() if (a.n, k) in claimed_metrics}
+        values += measured.values()
         values += [float(v) for v in (a.reproduction.metrics if a.reproduction else {}).values() if number(v)]
         values += [a.duration_s] if a.duration_s else []
     values += [float(v) for v in sealed_scores(session).values() if number(v)]
@@ -134,30 +150,42 @@ def record(session: Session, standings: list[Standing]) -> Record:
     return Record(tuple(values), tuple(differences))
 
 
-def unrecorded_numbers(session: Session, standings: list[Standing]) -> list[str]:
-    """`file:line: number` for each number the write-up states that no record holds."""
+def write_up(session: Session) -> list[tuple[str, str, bool]]:
+    """(name, the agent's text, LaTeX or not) of REPORT.md, README.md and the paper's sources;
+    REPORT.md without the engine's section (its lines kept blank), and any other block marked
+    as the engine's unmarked: a block of the agent's hides nothing."""
     files = session.ws.files
-    texts: list[tuple[str, str, bool]] = []
-    for name in ("REPORT.md", "README.md"):
-        try:
-            texts.append((name, files.read_text(name, errors="replace"), False))
-        except (OSError, ValueError):
-            pass
+    names = [(n, False) for n in ("REPORT.md", "README.md")]
     if files.is_dir(paper.FOLDER):
-        for rel, _ in sorted(files.files(paper.FOLDER)):
-            if rel.endswith(".tex") and rel != paper.RESULTS:
-                try:
-                    texts.append((rel, files.read_text(rel, errors="replace"), True))
-                except (OSError, ValueError):
-                    pass
-    held = record(session, standings)
-    found = []
-    for name, text, latex in texts:
-        if name == "REPORT.md":  # the engine's own section is not the agent's prose
+        names += [(rel, True) for rel, _ in sorted(files.files(paper.FOLDER)) if rel.endswith(".tex") and rel != paper.RESULTS]
+    texts = []
+    for name, latex in names:
+        try:
+            text = files.read_text(name, errors="replace")
+        except (OSError, ValueError):
+            continue
+        if name == "REPORT.md":
             text = ENGINE_BLOCK.sub(lambda m: "\n" * m.group(0).count("\n"), text)
-        text = text.replace("<!-- labrun:", "<!-- ")  # a block of the agent's hides nothing
-        found += [f"{name}:{n.line}: {cell(n.written)}" for n in unrecorded(text, held, latex=latex)]
-    return found
+        texts.append((name, text.replace("<!-- labrun:", "<!-- "), latex))
+    return texts
+
+
+IMITATION = re.compile(r"results as the engine recorded them|labrun:\s*results|numbers not in any attempt|"
+                       r"\\(?:re)?newcommand\s*\{?\\labrun|\\def\s*\\labrun|\\let\s*\\labrun")
+INVISIBLE = dict.fromkeys(map(ord, "\u00ad\u200b\u200c\u200d\u200e\u200f\u2060\ufeff"))
+
+
+def imitating(text: str) -> list[int]:
+    """The lines of the agent's text that imitate the engine's section or redefine its LaTeX
+    commands, whatever the case, width or invisible characters."""
+    lines = unicodedata.normalize("NFKC", text).translate(INVISIBLE).lower().splitlines()
+    return [i for i, line in enumerate(lines, 1) if IMITATION.search(" ".join(line.split()))]
+
+
+def unrecorded_numbers(texts: list[tuple[str, str, bool]], held: Record) -> list[str]:
+    """`file:line: number` for each number the write-up states that no record holds."""
+    return [f"{name}:{n.line}: {cell(n.written)}" for name, text, latex in texts
+            for n in unrecorded(text, held, latex=latex)]
 
 
 def stamp_report(session: Session) -> None:

@@ -5,7 +5,8 @@ the attempts it cites and its baseline's), and records whether its metrics came 
 - **From the sources as that attempt found them.** Each rerun starts from a copy of the
   workspace rebuilt from the files kept when the attempt started (`snapshot.keep_copies`,
   `.labrun/kept/` by digest, checked as copied), not from the workspace as it is now: what
-  the attempt wrote, and every later edit, are not there. A file too big to keep is copied
+  the attempt wrote, and every later edit, are not there, nor its metrics file and declared
+  outputs as they were before it ran (a file typed in and rewritten would replay). A file too big to keep is copied
   from the workspace if it is unchanged. Environments (`.venv/`) are shown read-only as they
   are now, but only a real folder reached through real folders: one that is now a link (to a
   credential store, to held-out data) or gone is SKIPPED, saying so. Nothing of the
@@ -196,8 +197,9 @@ def rebuild(session: Session, attempt: Attempt, place: Path) -> tuple[Path, list
             target.symlink_to(root / rel)
         else:
             target.mkdir()
+    made = {attempt.metrics_file, *attempt.outputs}
     for rel, digest in before.items():
-        if rel.endswith("/"):
+        if rel.endswith("/") or rel in made:  # what the attempt makes, the rerun makes anew: none is replayed
             continue
         target = copy / rel
         target.parent.mkdir(parents=True, exist_ok=True)

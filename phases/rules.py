@@ -390,6 +390,10 @@ class PlannedRunsDone:
         found = [f"deviations: {d.id} is not a run of the run list ({', '.join(ids) or 'it is empty'})"
                  for d in _given(work, "deviations") if d.id not in ids]
         if plan.negative_outcome:
+            done = [r for r in coverage(plan, work.attempts) if r.state == "done"]
+            found += [f"negative_outcome: run {r.run.id} succeeded ({', '.join(f'#{n}' for n in r.succeeded)}); a "
+                      "result that does not support the hypothesis is a result: hand it over as claims, with the "
+                      "criteria it leaves unmet, instead of a negative outcome" for r in done]
             return found + self.honest_effort_missing(work)
         if not plan.runs:
             if not any(a.status == "SUCCESS" for a in work.attempts):
@@ -516,6 +520,8 @@ class CriteriaJudged:
     run that serves it has a SUCCESS attempt and a claim bears on it; and where planning gave
     the criterion a check, the verdict is the one the claims' numbers give (`labrun.claims`)."""
 
+    every: bool = True
+    """Every criterion needs a verdict (experiments); else only those given are checked (analysis)."""
     fields: ClassVar[tuple[str, ...]] = ("criteria",)
 
     def missing(self, work: Work) -> list[str]:
@@ -527,7 +533,7 @@ class CriteriaJudged:
             claims = [k for k in plan.claims if k.criterion == c.id]
             check = plan.check(c.id)
             if c.status is None:
-                if check is None:  # a checked one the engine decides from the claims
+                if check is None and self.every:  # a checked one the engine decides from the claims
                     found.append(f"a verdict on criterion {c.id} (\"{_clip(c.text)}\") in criteria: met or unmet, "
                                  "with a note")
             elif c.phase != work.phase:
@@ -553,6 +559,9 @@ class CriteriaJudged:
         return found
 
     def describe(self) -> str:
+        if not self.every:
+            return ("a criterion judged again in `criteria` is met only with a claim that bears on it, and a checked "
+                    "one gets the verdict its claims' numbers give")
         return ("every evaluation criterion of the idea without a planned check is judged met or unmet in "
                 "`criteria`, with a note; a met one has a successful attempt of a run that serves it and a claim that "
                 "bears on it; the engine decides a checked criterion from its claims, and a verdict given for one "
@@ -571,6 +580,9 @@ class ClaimsHold:
         given = [Claim.model_validate(c) for c in work.given.get("claims") or ()]
         ids = [c.id for c in given]
         found = [f"claims: the id {i} is given twice; ids must be unique" for i in sorted(set(ids)) if ids.count(i) > 1]
+        earlier = {c.id: c.phase for c in work.plan.claims if c.phase != work.phase}
+        found += [f"claims: {c.id} was given by the {earlier[c.id]} phase; give this one an id of its own (a claim "
+                  "of an earlier phase stands as it was)" for c in given if c.id in earlier]
         for claim in given:
             crashpoint("claims")  # a kill while the engine checks a claim: the resumed phase calls again
             found += claim_problems(claim, work.attempts, work.evidence, work.plan.criterion_ids())

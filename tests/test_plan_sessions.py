@@ -82,7 +82,11 @@ class ThreeRuns(AutoResearcher):
             "experiment_results": "\n".join(f"- {k}: slope {v}" for k, v in sorted(slopes.items()))},
             criteria=[{"id": "C1", "status": "met" if within else "unmet", "note": f"{cited}: slope {slopes}"},
                       {"id": "C2", "status": "met", "note": f"R1 #{done['R1']} from seed 0 wrote its own files "
-                                                           "and its slope"}])
+                                                           "and its slope"}],
+            claims=[{"id": "K1", "criterion": "C1", "statement": "the slope, over the runs done", "metric": "slope",
+                     "attempts": [int(n) for n in done.values()], "value": round(sum(slopes.values()) / len(slopes), 6)},
+                    {"id": "K2", "criterion": "C2", "statement": "R1's slope", "metric": "slope",
+                     "attempts": [int(done["R1"])], "value": slopes["R1"]}])
 
     def documentation(self, body, turn):
         if turn == 1:

@@ -90,13 +90,16 @@ def evidence(session, phase="experiments"):
     return session.work(phase, {}).evidence
 
 
-def met(session, n: int, run="R1"):
+def met(session, n: int, run="R1", aside=()):
     """The experiments phase closed with C1 met on attempt #n's slope."""
     return call(session, "experiments", "complete_phase", summary="done", sections={"experiment_results": "R1 measured the slope"},
                 deviations=[{"id": "R2", "reason": "R1 covers uniform noise too"}],
                 criteria=[{"id": "C1", "status": "met", "note": f"{run}, attempt #{n}: slope"},
                           {"id": "C2", "status": "unmet", "note": "not judged"},
-                          {"id": "C3", "status": "unmet", "note": "not judged"}])
+                          {"id": "C3", "status": "unmet", "note": "not judged"}],
+                claims=[{"id": "K1", "statement": "the slope", "metric": "slope", "attempts": [n], "criterion": "C1",
+                         "value": session.state.attempts[n - 1].metrics.get("slope", 0),
+                         "set_aside": [{"attempt": m, "reason": "another way to run it"} for m in aside]}])
 
 
 def refused(result, *said: str) -> None:
@@ -168,7 +171,7 @@ def test_the_honest_attempts_measure(session, prefect_api):
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(session.ws.root / ".venv")], check=True)
     a, said = attempt(session, "timeout 600 .venv/bin/python -m pkg.train 2", metrics_file="results/m2.json")
     assert a.status == "SUCCESS" and a.unmeasured is None, said
-    done = met(session, session.state.attempts[0].n)
+    done = met(session, session.state.attempts[0].n, aside=(2, 3))  # they measured it too, and name no run
     assert not done.is_error, done.content
 
 
@@ -182,7 +185,7 @@ def test_a_metrics_file_typed_with_the_editor_is_no_measurement(session, prefect
     assert a.unmeasured == "it did not write results/m0.json: that file holds what it held before the attempt ran"
     assert f"Not evidence: {a.unmeasured}. No result may cite" in said and "the code that computes them" in said
     assert evidence(session).measured(a) == {}
-    refused(met(session, a.n), "criteria: C1 is met only when its note cites a SUCCESS attempt")
+    refused(met(session, a.n), f"claims: K1 cites #{a.n}, whose record holds no measured slope")
 
 
 def test_a_copied_metrics_file_is_no_measurement(session, prefect_api):
@@ -195,7 +198,7 @@ def test_a_copied_metrics_file_is_no_measurement(session, prefect_api):
     assert copy.unmeasured == "results/m1.json is a copy of results/m0.json, which was there before it ran"
     assert "Not evidence" in said
     assert evidence(session).measured(copy) == {} and evidence(session).measured(first)
-    refused(met(session, copy.n, run="R2"), "criteria: C1 is met only when its note cites")
+    refused(met(session, copy.n, run="R2"), f"claims: K1 cites #{copy.n}, whose record holds no measured slope")
 
 
 def test_a_script_that_is_not_the_code_named_is_no_measurement(session, prefect_api):
@@ -205,8 +208,9 @@ def test_a_script_that_is_not_the_code_named_is_no_measurement(session, prefect_
     a, said = attempt(session, "cat src/measure.py >/dev/null; python3 notes/gen.txt > results/m0.json", run_id="R1")
     assert OLD(a.command, session.attempt_files(a.n)["before"])
     assert code_run(a.command, session.attempt_files(a.n)["before"]) == ["notes/gen.txt"]
-    assert a.unmeasured == "the value of slope (-0.4993) is written in notes/gen.txt"
-    refused(met(session, a.n), "criteria: C1 is met only when its note cites")
+    assert a.unmeasured is None and a.echoed["slope"] == "notes/gen.txt"
+    refused(met(session, a.n), f"claims: K1 cites #{a.n}, whose record holds no measured slope (the value of "
+            "slope is written in notes/gen.txt, not computed")
 
 
 def test_values_written_in_the_code_it_ran_are_no_measurement(session, prefect_api):
@@ -215,25 +219,25 @@ def test_values_written_in_the_code_it_ran_are_no_measurement(session, prefect_a
                                      " open('results/m0.json', 'w'))\n")
     a, said = attempt(session, "python3 src/measure.py", run_id="R1")
     assert OLD(a.command, session.attempt_files(a.n)["before"])
-    assert a.unmeasured == "the value of slope (-0.4993) is written in src/measure.py"
+    assert a.echoed == {"slope": "src/measure.py"} and "Not measured: slope (its value is written in src/measure.py)" in said
     # the code as the attempt found it: edited afterwards, the record stands
     write(session, "src/measure.py", "print('nothing here')\n")
-    assert session.state.attempts[a.n - 1].unmeasured == a.unmeasured
-    refused(met(session, a.n), "criteria: C1 is met only when its note cites")
+    assert session.state.attempts[a.n - 1].echoed == a.echoed
+    refused(met(session, a.n), f"claims: K1 cites #{a.n}, whose record holds no measured slope")
 
 
 def test_a_session_of_an_older_labrun_is_judged_when_it_opens(session, prefect_api):
     planned(session)
     write(session, "notes/gen.txt", FAKE)
     a, _ = attempt(session, "python3 notes/gen.txt > results/m0.json", run_id="R1")
-    assert a.unmeasured
+    assert a.echoed
     state = json.loads(session.ws.state_file.read_text())
-    del state["attempts"][0]["unmeasured"]  # as an older labrun wrote it
+    del state["attempts"][0]["unmeasured"], state["attempts"][0]["echoed"]  # as an older labrun wrote it
     session.ws.state_file.write_text(json.dumps(state))
     session.close()
     again = Session.open(session.ws.root, DEMO_IDEA, "scripted")
     try:
-        assert again.state.attempts[0].unmeasured == a.unmeasured
+        assert (again.state.attempts[0].unmeasured, again.state.attempts[0].echoed) == (a.unmeasured, a.echoed)
     finally:
         again.close()
 

@@ -46,7 +46,8 @@ def test_every_idea_completes_with_honest_verdicts(idea: Path, tmp_path):
         assert all("attempt #2" in c["note"] for c in criteria)
         assert "No research was done" not in report
         # the engine decides the two criteria the plan gave checks, and shows the third as the agent's judgement
-        assert "| **met** | engine | max_abs_slope_error at most 0.05: " in header and "| **met** | agent |" in header
+        assert "| **met** | engine, by the check planning gave | max_abs_slope_error at most 0.05: " in header
+        assert "| **met** | agent |" in header
         assert header.count("| reproduced |") == 3, header
     else:
         assert all((c["status"], c["note"]) == ("unmet", NOT_EVALUATED) for c in criteria), criteria
