@@ -95,6 +95,8 @@ def held(stated: float, recorded: float) -> bool:
     significant digits at least), or the same as a percentage."""
     for scale in (1.0, 100.0):
         target = recorded * scale
+        if math.isclose(stated, target, rel_tol=1e-12):  # the value itself is no rounding (1.0, 0.5, 50)
+            return True
         if target == 0:
             if stated == 0:
                 return True
