@@ -41,13 +41,21 @@ class Claim(BaseModel):
     statement: str = Field(min_length=1, description="The finding, in one sentence.")
     metric: str = Field(min_length=1, description="The metric's name, as the attempts' metrics files record it.")
     attempts: list[int] = Field(min_length=1, description="The attempts (#n) whose records hold the value.")
-    value: float = Field(description="The value the write-up states: the metric in those attempts' records (their "
-                         "mean when several), rounded as you like to 2 significant digits or more, or as a percentage.")
+    value: float | str = Field(description="The value the write-up states: the metric in those attempts' records "
+                               "(their mean when several), rounded as you like to 2 significant digits or more, or as "
+                               "a percentage; as text (\"0.90\", \"89.8%\") it keeps the precision it is written with.")
     criterion: str | None = Field(default=None, description="The evaluation criterion it bears on (C1, …), if any.")
     baseline_attempts: list[int] = Field(default_factory=list, description="For a comparison: the baseline's "
-                                         "attempts, which record the same metric.")
+                                         "attempts (the same ones when one attempt measured both).")
+    baseline_metric: str | None = Field(default=None, description="For a comparison: the baseline's metric, when "
+                                        "its name differs (`centroid.accuracy` against `knn.accuracy`).")
     direction: Literal["higher", "lower"] | None = Field(default=None, description="For a comparison: the claim's "
-                                                         "value is higher or lower than the baseline's.")
+                                                         "value (the method's own number, not the difference) is "
+                                                         "higher or lower than the baseline's.")
+
+    @property
+    def compared_metric(self) -> str:
+        return self.baseline_metric or self.metric
     set_aside: list[SetAside] = Field(default_factory=list, description="Attempts of the same runs that recorded "
                                       "this metric and are not cited, each with the reason.")
 
@@ -90,29 +98,37 @@ def measured(attempt: Any, metric: str, evidence: Any) -> float | None:
     return float(value) if number(value) else None
 
 
-def held(stated: float, recorded: float) -> bool:
+def held(stated: float | str, recorded: float) -> bool:
     """The stated value is the recorded one, rounded at the precision it is written with (2
-    significant digits at least), or the same as a percentage."""
-    for scale in (1.0, 100.0):
+    significant digits at least), or the same as a percentage (a text ending in % is one)."""
+    number, places, percent = written(stated)
+    for scale in ((100.0,) if percent else (1.0, 100.0, 0.01)):
         target = recorded * scale
-        if math.isclose(stated, target, rel_tol=1e-12):  # the value itself is no rounding (1.0, 0.5, 50)
-            return True
+        if math.isclose(number, target, rel_tol=1e-9, abs_tol=1e-15):
+            return True  # as the record holds it, however few its digits
         if target == 0:
-            if stated == 0:
-                return True
             continue
-        places = _places(stated)
-        if abs(stated - target) <= 0.5 * 10 ** -places + 1e-12 * abs(target) and _significant(target, places) >= 2:
+        if abs(number - target) <= 0.5 * 10 ** -places + 1e-12 * abs(target) and _significant(target, places) >= 2:
+            return True
+        # a number's trailing zeros are lost in JSON: 0.90 arrives as 0.9, held by 0.8988 at 2 digits
+        two = 1 - int(math.floor(math.log10(abs(target))))
+        if places < two and math.isclose(number, round(target, two), rel_tol=1e-9, abs_tol=1e-15):
             return True
     return False
 
 
-def _places(value: float) -> int:
-    """Decimal places of a number as JSON writes it (0.97 → 2, 1e-05 → 5, 12.0 → 0)."""
-    text = repr(float(value)).lower()
-    mantissa, _, exponent = text.partition("e")
-    decimals = len(mantissa.partition(".")[2].rstrip("0"))
-    return max(0, decimals - int(exponent or 0))
+def written(value: float | str) -> tuple[float, int, bool]:
+    """(number, decimal places, a percentage): a JSON number's places as Python writes it
+    (0.97 → 2, 1e-05 → 5, 12.0 → 0: a trailing zero is lost), a text's as written ("0.90" → 2)."""
+    text = value.strip().replace("\u2212", "-") if isinstance(value, str) else repr(float(value))
+    percent = text.endswith("%")
+    mantissa, _, exponent = text.rstrip("%").strip().lower().partition("e")
+    try:
+        number = float(text.rstrip("%"))
+    except ValueError:
+        raise ValueError(f"value {value!r} is not a number") from None
+    decimals = len(mantissa.partition(".")[2]) if isinstance(value, str) else len(mantissa.partition(".")[2].rstrip("0"))
+    return number, max(0, decimals - int(exponent or 0)), percent
 
 
 def _significant(target: float, places: int) -> int:
@@ -130,39 +146,46 @@ def claim_problems(claim: Claim, attempts: Sequence[Any], evidence: Any, criteri
     if claim.criterion is not None and claim.criterion not in criteria:
         found.append(f"claims: {claim.id} bears on {claim.criterion}, which is not one of the idea's evaluation "
                      f"criteria ({', '.join(criteria) or 'it has none'})")
-    values = {}
-    for n in dict.fromkeys([*claim.attempts, *claim.baseline_attempts]):
+    values: dict[tuple[int, str], float] = {}
+    wanted = [(n, claim.metric) for n in claim.attempts] + [(n, claim.compared_metric) for n in claim.baseline_attempts]
+    for n, metric in dict.fromkeys(wanted):
         attempt = by_n.get(n)
         if attempt is None:
             found.append(f"claims: {claim.id} cites #{n}, which is not an attempt of this branch")
         elif attempt.status != "SUCCESS":
             found.append(f"claims: {claim.id} cites #{n}, which is {attempt.status}: cite successful attempts")
-        elif (value := measured(attempt, claim.metric, evidence)) is None:
-            found.append(f"claims: {claim.id} cites #{n}, whose record holds no measured {claim.metric} "
-                         f"({_what_it_holds(attempt, evidence)})")
+        elif (value := measured(attempt, metric, evidence)) is None:
+            found.append(f"claims: {claim.id} cites #{n}, whose record holds no measured {metric} "
+                         f"({_what_it_holds(attempt, evidence)}; a nested key is named with dots, `a.b`)")
         else:
-            values[n] = value
+            values[n, metric] = value
     if found:
         return found
-    value = fmean(values[n] for n in dict.fromkeys(claim.attempts))
-    if not held(claim.value, value):
+    value = fmean(values[n, claim.metric] for n in dict.fromkeys(claim.attempts))
+    try:
+        stated = held(claim.value, value)
+    except ValueError as e:
+        return [f"claims: {claim.id}: {e}; give it as a number, or as text such as \"0.90\" or \"89.8%\""]
+    if not stated:
         found.append(f"claims: {claim.id} states {claim.metric} = {_num(claim.value)}, but the record holds "
-                     f"{_num(value)} ({_from(claim.attempts)}): state that value, rounded to 2 significant digits "
-                     "or more, or as a percentage")
+                     f"{_num(value)} ({_from(claim.attempts)}): state that value (the method's own, not a difference), "
+                     "rounded to 2 significant digits or more, or as a percentage; as text (\"0.90\") it keeps its "
+                     "trailing zeros")
     if claim.baseline_attempts:
-        baseline = fmean(values[n] for n in dict.fromkeys(claim.baseline_attempts))
+        baseline = fmean(values[n, claim.compared_metric] for n in dict.fromkeys(claim.baseline_attempts))
         if claim.direction == "higher" and not value > baseline or claim.direction == "lower" and not value < baseline:
-            found.append(f"claims: {claim.id} says its {claim.metric} is {claim.direction} than the baseline's, but the "
+            found.append(f"claims: {claim.id} says its {claim.metric} is {claim.direction} than the baseline's "
+                         f"{claim.compared_metric}, but the "
                          f"record holds {_num(value)} against {_num(baseline)} ({_from(claim.baseline_attempts)}): "
                          "state the comparison the numbers show")
     cited = {*claim.attempts, *claim.baseline_attempts, *(s.attempt for s in claim.set_aside)}
-    for group in (claim.attempts, claim.baseline_attempts):
+    for group, metric in ((claim.attempts, claim.metric), (claim.baseline_attempts, claim.compared_metric)):
         runs = {by_n[n].run_id for n in group if by_n[n].run_id}
         left = [a.n for a in attempts if a.run_id in runs and a.n not in cited and a.status == "SUCCESS"
-                and measured(a, claim.metric, evidence) is not None]
+                and measured(a, metric, evidence) is not None]
         if left:
             found.append(f"claims: {claim.id} cites run {', '.join(sorted(runs))}, whose attempts "
-                         f"{', '.join(f'#{n}' for n in left)} also measured {claim.metric}: cite them too (the value "
+                         f"{', '.join(f'#{n}' for n in left)} also measured {metric}: cite them too (the value "
                          "is then the mean of all) or give each in set_aside with the reason it does not count")
     return found
 
@@ -214,33 +237,43 @@ class Standing:
 
 
 def standing(claim: Claim, attempts: Mapping[int, Any], sealed: Mapping[str, Any], tolerance: float,
-             changed: Mapping[int, Sequence[str]] | None = None) -> Standing:
-    """`attempts`: the session's, by number; `sealed`: the sealed evaluation's scores (none
-    when it did not score); `tolerance`: the relative difference a sealed score allows;
+             rerun_tolerance: float, changed: Mapping[int, Sequence[str]] | None = None) -> Standing:
+    """`attempts`: the session's, by number; `sealed`: the sealed evaluation's scores, when
+    they score what this claim's attempts made (else none); `tolerance`: the relative
+    difference a sealed score allows; `rerun_tolerance`: a rerun's (`reproduce_tolerance`);
     `changed`: attempt → the source files it started from that the workspace no longer holds
     as they were."""
-    def mean(ns: Sequence[int]) -> float | None:
-        values = [float(v) for n in dict.fromkeys(ns) if n in attempts and number(v := attempts[n].metrics.get(claim.metric))]
+    def mean(ns: Sequence[int], metric: str) -> float | None:
+        values = [float(v) for n in dict.fromkeys(ns) if n in attempts and number(v := attempts[n].metrics.get(metric))]
         return fmean(values) if values else None
 
-    behind = [attempts[n] for n in dict.fromkeys([*claim.attempts, *claim.baseline_attempts]) if n in attempts]
-    reruns = [a.reproduction for a in behind]
-    if any(r is not None and r.status == "DIVERGED" for r in reruns):
-        reproduced = "diverged: " + "; ".join(f"#{a.n} {a.reproduction.detail}" for a in behind
-                                              if a.reproduction and a.reproduction.status == "DIVERGED")
-    elif reruns and all(r is not None and r.status == "REPRODUCED" for r in reruns):
+    behind = [(attempts[n], m) for n, m in dict.fromkeys([*((n, claim.metric) for n in claim.attempts),
+                                                          *((n, claim.compared_metric) for n in claim.baseline_attempts)])
+              if n in attempts]
+    diverged, skipped, rerun = [], [], 0
+    for a, metric in behind:  # the rerun judged on the claim's own metric: a run time that differs is no matter
+        r = a.reproduction
+        if r is None or r.status == "SKIPPED":
+            skipped += [r.detail] if r else []
+            continue
+        rerun += 1
+        was, again = a.metrics.get(metric), r.metrics.get(metric)
+        if not (number(was) and number(again) and math.isclose(was, again, rel_tol=rerun_tolerance, abs_tol=1e-12)):
+            diverged.append(f"#{a.n} {metric} {_num(was)} then {_num(again)}" if number(again) else f"#{a.n} {r.detail}")
+    if diverged:
+        reproduced = "diverged: " + "; ".join(diverged)
+    elif behind and rerun == len(behind):
         reproduced = "reproduced"
     else:
-        why = next((r.detail for r in reruns if r is not None and r.status == "SKIPPED"), "")
-        reproduced = "not rerun" + (f" ({why})" if why else "")
-    value = mean(claim.attempts)
+        reproduced = "not rerun" + (f" ({skipped[0]})" if skipped else "")
+    value = mean(claim.attempts, claim.metric)
     score = sealed.get(claim.metric)
     score = float(score) if number(score) else None
     contradicted = score is not None and value is not None and not math.isclose(value, score, rel_tol=tolerance,
                                                                                    abs_tol=1e-12)
-    gone = tuple(dict.fromkeys(f for a in behind for f in (changed or {}).get(a.n, ())))
-    return Standing(claim, value, mean(claim.baseline_attempts) if claim.baseline_attempts else None, reproduced,
-                    score, contradicted, gone)
+    gone = tuple(dict.fromkeys(f for a, _ in behind for f in (changed or {}).get(a.n, ())))
+    baseline = mean(claim.baseline_attempts, claim.compared_metric) if claim.baseline_attempts else None
+    return Standing(claim, value, baseline, reproduced, score, contradicted, gone)
 
 
 @dataclass(frozen=True)
@@ -255,19 +288,18 @@ class Verdict:
     claims: tuple[str, ...]
 
 
-def verdict(criterion: Any, check: CriterionCheck | None, standings: Sequence[Standing],
-            sealed: Mapping[str, Any]) -> Verdict:
-    """The criterion's verdict: the engine's where a check is planned, else the agent's; a
-    claim behind it that diverged or that the sealed score contradicts leaves it unconfirmed."""
+def verdict(criterion: Any, check: CriterionCheck | None, standings: Sequence[Standing]) -> Verdict:
+    """The criterion's verdict: the engine's where a check is planned (from the sealed score
+    when one scores what its claims' attempts made), else the agent's; a claim behind it that
+    diverged or that the sealed score contradicts leaves it unconfirmed."""
     mine = [s for s in standings if s.claim.criterion == criterion.id]
     ids = tuple(s.claim.id for s in mine)
     if check is not None:
-        score = sealed.get(check.metric)
-        if number(score):
-            met = check.holds(float(score))
-            return Verdict(criterion, "met" if met else "unmet", "engine, from the sealed evaluation",
-                           f"{check.describe()}: the sealed score is {_num(float(score))}", ids)
         on = [s for s in mine if s.claim.metric == check.metric and s.value is not None]
+        if scored := [s.sealed for s in on if s.sealed is not None]:
+            met = check.holds(scored[0])
+            return Verdict(criterion, "met" if met else "unmet", "engine, from the sealed evaluation",
+                           f"{check.describe()}: the sealed score is {_num(scored[0])}", ids)
         if not on:
             return Verdict(criterion, "unmet", "engine", f"{check.describe()}: no claim gives {check.metric}", ids)
         value = fmean(s.value for s in on)

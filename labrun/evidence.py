@@ -2,14 +2,23 @@
 claim to.
 
 A number or a verdict is evidence only when it comes from a SUCCESS experiment attempt that
-computed it:
-- **the attempt ran code from the workspace** (its command names a source file there, such as
-  `python3 src/run.py` or `bash run.sh`), not only a shell line;
-- **a metric** the attempt recorded counts unless its value is written in the command itself
-  (`echo '{"acc": 0.99}' > m.json` measures nothing);
-- **a file** counts when the attempt wrote it (it changed during the attempt) and it still
-  holds what the attempt wrote: a later edit with the editor or `bash` takes it out. A file
-  the attempt only copied from one that was there before it ran is not a measurement either.
+computed it. The engine judges that once, when the attempt ends (`unmeasured`, kept on the
+attempt), from the attempt's record of files (`before`: the workspace as it found it,
+`wrote`: what changed during it, `after`: their digests at its end). Its metrics are not
+evidence when:
+- **its command runs no code of the workspace** (`code_run`: a workspace file is run when it
+  is the program itself, `./run.sh`, or the script an interpreter is given, `python3
+  src/run.py`, `cd src && python run.py`, `python -m pkg.train`; naming a file, `cat src/x.py`,
+  runs nothing);
+- **it did not write its metrics file** (the file was there before it ran, as it is: typed
+  with the editor);
+- **its metrics file is a copy**: the same bytes as a file there before it ran;
+- **a metric's value is written in the command or in the code it ran** (as the attempt found
+  it): only non-integer numbers of 3 significant digits or more, so that a threshold 0.5 or a
+  constant 300 in honest code says nothing.
+
+A file counts when a computing attempt wrote it and it still holds what that attempt wrote: a
+later edit with the editor or `bash` takes it out, and so does a copy of what was there before.
 
 Besides evidence, the numbers the idea and the plan's run list state (sizes, seeds,
 settings) may be restated.
@@ -24,18 +33,18 @@ code block or a table is a claim as much as one in a sentence.
 
 from __future__ import annotations
 
-import json
+import math
+import posixpath
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from labrun import latex
 from labrun.snapshot import entry_digest
-from labrun.wsfs import Beneath
+from labrun.wsfs import Beneath, Refused
 
-SOURCE = re.compile(r"[\w./-]*\w\.(?:py|sh|bash|r|R|jl|ipynb|js|ts|lean|m|cpp|cc|c|rs|go|java|scala|pl|rb|lua)\b")
-MODULE = re.compile(r"\bpython\d?(?:\.\d+)?\s+(?:-\w+\s+)*-m\s+([\w.]+)")
 ENGINE_BLOCK = re.compile(r"<!-- labrun:(\w+) -->.*?<!-- /labrun:\1 -->", re.S)
 """What the engine writes into a write-up itself (REPORT.md's reproduction header): not the
 agent's claims."""
@@ -44,25 +53,322 @@ CITED = re.compile(r"#(\d+)\b")
 ADDRESS = re.compile(r"\]\([^)]*\)|<?https?://\S+|\bdoi:\S+|\barXiv:\S+", re.I)
 
 
-def runs_workspace_code(command: str, files: Iterable[str]) -> bool:
-    """The command runs a source file of the workspace (by its path or name, or as a module)."""
-    files = list(files)
-    names = {f.rsplit("/", 1)[-1] for f in files} | set(files)
-    named = {m.group(0).lstrip("./") for m in SOURCE.finditer(command)}
-    named |= {m.replace(".", "/") + ".py" for m in MODULE.findall(command)}
-    return any(n in names or n.rsplit("/", 1)[-1] in names or any(f.endswith("/" + n) for f in files)
-               for n in named)
+ASSIGNMENT = re.compile(r"[A-Za-z_]\w*=")
+PYTHON = re.compile(r"i?python[\d.]*|pypy[\d.]*")
+NUMBER = re.compile(r"(?<![\w.])(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?(?![\w.])")
+
+WRAPPERS: dict[str, frozenset[str]] = {
+    # A command that runs the command after it → its options that take a value.
+    "env": frozenset({"-u", "--unset", "-C", "--chdir"}),
+    "timeout": frozenset({"-s", "--signal", "-k", "--kill-after"}),
+    "nohup": frozenset(), "exec": frozenset(), "command": frozenset(),
+    "nice": frozenset({"-n", "--adjustment"}),
+    "time": frozenset({"-f", "--format", "-o", "--output"}),
+    "stdbuf": frozenset({"-i", "-o", "-e", "--input", "--output", "--error"}),
+    "srun": frozenset({"-n", "-N", "-c", "-t", "-p", "-o", "-e", "-J", "-A", "-G", "-w", "--ntasks", "--nodes",
+                       "--cpus-per-task", "--time", "--partition", "--output", "--error", "--job-name",
+                       "--account", "--gpus", "--gres", "--mem", "--chdir", "-D"}),
+    "xvfb-run": frozenset({"-n", "--server-num", "-s", "--server-args", "-f", "--auth-file", "-e", "--error-file",
+                           "-p", "--xauth-protocol"}),
+    "mpirun": frozenset({"-n", "-np", "-N", "-H", "--host", "--hostfile"}),
+    "uv run": frozenset({"--with", "--python", "-p", "--project", "--directory", "--package", "--extra", "--group",
+                         "--env-file", "--index", "--with-requirements"}),
+    "poetry run": frozenset(), "pipenv run": frozenset(), "pdm run": frozenset(), "hatch run": frozenset(),
+    "conda run": frozenset({"-n", "--name", "-p", "--prefix", "--cwd"}),
+    "mamba run": frozenset({"-n", "--name", "-p", "--prefix", "--cwd"}),
+    "micromamba run": frozenset({"-n", "--name", "-p", "--prefix", "--cwd"}),
+    "lake env": frozenset(),
+}
+WRAPPERS["mpiexec"] = WRAPPERS["mpirun"]
+CHDIR = {"-C", "--chdir", "--directory", "--cwd", "-D"}
+"""A wrapper's option that runs its command in another folder."""
+
+SCRIPT_RUNNERS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    # An interpreter that runs the file its first argument names → its options that take a
+    # value, and those that give it code to run instead of a file.
+    "python": (frozenset({"-W", "-X", "--check-hash-based-pycs"}), frozenset({"-c"})),
+    "sh": (frozenset({"-o", "-O", "--rcfile", "--init-file"}), frozenset({"-c"})),
+    "Rscript": (frozenset({"--default-packages"}), frozenset({"-e"})),
+    "julia": (frozenset({"-p", "--procs", "-t", "--threads", "-J", "--sysimage", "-C", "--cpu-target"}),
+              frozenset({"-e", "-E", "--eval", "--print"})),
+    "node": (frozenset({"-r", "--require", "--import", "--loader"}), frozenset({"-e", "-p", "--eval", "--print"})),
+    "perl": (frozenset({"-I", "-M"}), frozenset({"-e", "-E"})),
+    "ruby": (frozenset({"-I", "-r"}), frozenset({"-e"})),
+    "lean": (frozenset({"-D", "-o", "-c", "-i", "--root", "-j", "--threads"}), frozenset()),
+    "source": (frozenset(), frozenset()),
+}
+for _shell in ("bash", "zsh", "dash", "ksh"):
+    SCRIPT_RUNNERS[_shell] = SCRIPT_RUNNERS["sh"]
+SCRIPT_RUNNERS["."] = SCRIPT_RUNNERS["lake lean"] = SCRIPT_RUNNERS["source"]
+FILE_RUNNERS: dict[str, frozenset[str]] = {
+    # A program that runs or compiles every file among its arguments (the paper phase
+    # compiles a .tex) → its options that take a value.
+    **dict.fromkeys(("latexmk", "pdflatex", "xelatex", "lualatex", "latex", "tectonic"),
+                    frozenset({"-output-directory", "-jobname", "-outdir"})),
+    **dict.fromkeys(("gcc", "g++", "cc", "c++", "clang", "clang++", "nvcc", "gfortran", "rustc", "javac", "java",
+                     "go run"), frozenset({"-o", "-I", "-L", "-x", "-include", "-isystem", "-MF", "-MT", "-cp"})),
+}
 
 
-def literal_in(command: str, value: Any) -> bool:
-    """The value is written in the command as a number of its own."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+@dataclass
+class _Shell:
+    """What a command line's shell knows while it reads it: the folder it is in (relative to
+    the workspace; None once outside it) and the workspace's files as the attempt found them."""
+
+    before: Mapping[str, str]
+    root: str | None
+    cwd: str | None = ""
+    pythonpath: tuple[str, ...] = ()
+
+    def path(self, word: str, cwd: str | None | bool = False) -> str | None:
+        """`word` as a path relative to the workspace root, None when it is outside it."""
+        cwd = self.cwd if cwd is False else cwd
+        word = re.sub(r"^\$\{?PWD\}?(?=/|$)", ".", word)
+        if word.startswith("/"):
+            if not self.root or not (word + "/").startswith(self.root.rstrip("/") + "/"):
+                return None
+            word, cwd = word[len(self.root.rstrip("/")):].lstrip("/") or ".", ""
+        if cwd is None or word.startswith(("~", "$")):
+            return None
+        rel = posixpath.normpath(posixpath.join(cwd, word))
+        return None if rel == ".." or rel.startswith("../") else ("" if rel == "." else rel)
+
+    def file(self, word: str | None, cwd: str | None | bool = False) -> str | None:
+        """The workspace file `word` names, if it is one."""
+        rel = self.path(word, cwd) if word else None
+        return rel if rel and rel in self.before else None
+
+
+def code_run(command: str, before: Mapping[str, str], root: str | Path | None = None) -> list[str]:
+    """The workspace files (of `before`, the workspace as the attempt found it) that the shell
+    command runs: the program itself (`./run.sh`), the script of an interpreter (`python3
+    src/run.py`, `Rscript a.R`, `bash run.sh`, `lake env lean A.lean`), a module (`python -m
+    pkg.train`: `pkg/train.py` or `pkg/train/__main__.py`), a source it compiles (`g++
+    sim.cpp`, `latexmk paper.tex`). Wrappers (`timeout 60`, `env X=1`, `uv run`, `conda run -n
+    X`, `srun`) and `cd dir` are followed; a file only named (`cat src/x.py`, `echo src/x.py`)
+    or inside a string is not run. `root`: the workspace's path, for absolute paths."""
+    shell = _Shell(before, str(root) if root else None)
+    found: dict[str, None] = {}
+    for words, stdin in _simple_commands(command):
+        found.update(dict.fromkeys(_runs(shell, words, stdin)))
+    return list(found)
+
+
+def _simple_commands(command: str) -> list[tuple[list[str], str | None]]:
+    """Each simple command's words (without redirections) and the file it reads as its input
+    (`< file`). An unclosed quote (a here-document's text) is read line by line."""
+    lex = shlex.shlex(command, posix=True, punctuation_chars=";&|<>()\n")
+    lex.whitespace, lex.commenters, lex.whitespace_split = " \t\r", "", True
+    try:
+        tokens = list(lex)
+    except ValueError:
+        if "\n" not in command.strip():
+            return []
+        return [c for line in command.splitlines() for c in _simple_commands(line)]
+    found: list[tuple[list[str], str | None]] = []
+    words: list[str] = []
+    stdin = None
+    i, comment = 0, False
+    while i < len(tokens):
+        token = tokens[i]
+        operator = token.strip(";&|<>()\n") == ""
+        if comment and not (operator and "\n" in token):
+            i += 1
+            continue
+        comment = False
+        if not operator and token.startswith("#") and not words:
+            comment = True
+        elif operator and ("<" in token or ">" in token):
+            target = tokens[i + 1] if i + 1 < len(tokens) else None
+            if token == "<" and target:
+                stdin = target
+            if words and words[-1].isdigit():  # `2>&1`: the descriptor is no argument
+                words.pop()
+            i += 1
+        elif operator:
+            found.append((words, stdin))
+            words, stdin = [], None
+        elif token.startswith("#") and words:
+            comment = True
+        else:
+            words.append(token)
+        i += 1
+    found.append((words, stdin))
+    return [(w, s) for w, s in found if w]
+
+
+def _runs(shell: _Shell, words: list[str], stdin: str | None, cwd: str | None | bool = False) -> list[str]:
+    """The workspace files this simple command runs; a `cd` or an `export` changes the shell."""
+    pythonpath = shell.pythonpath
+    while words and ASSIGNMENT.match(words[0]):
+        if words[0].startswith("PYTHONPATH="):
+            pythonpath += tuple(words[0].partition("=")[2].split(":"))
+        words = words[1:]
+    if not words:
+        return []
+    name = posixpath.basename(words[0])
+    two = f"{name} {words[1]}" if len(words) > 1 else name
+    if name in ("cd", "pushd"):
+        shell.cwd = shell.path(words[1]) if len(words) > 1 and words[1] != "-" else None
+        return []
+    if name == "export":
+        for w in words[1:]:
+            if w.startswith("PYTHONPATH="):
+                shell.pythonpath += tuple(w.partition("=")[2].split(":"))
+        return []
+    if two in WRAPPERS or name in WRAPPERS:
+        key = two if two in WRAPPERS else name
+        rest, takes = words[len(key.split()):], WRAPPERS[key]
+        while rest and (rest[0].startswith("-") or ASSIGNMENT.match(rest[0])):
+            option, eq, value = rest[0].partition("=")
+            if key == "uv run" and option in ("-m", "--module"):
+                rest = ["python", *rest]
+                break
+            if ASSIGNMENT.match(rest[0]):  # env's `X=1`
+                pythonpath += tuple(value.split(":")) if option == "PYTHONPATH" else ()
+                rest = rest[1:]
+                continue
+            if option == "--":
+                rest = rest[1:]
+                break
+            if option in CHDIR and option in takes:
+                cwd = shell.path(value if eq else rest[1] if len(rest) > 1 else ".")
+            rest = rest[2 if option in takes and not eq else 1:]
+        rest = rest[1:] if key == "timeout" else rest  # its time limit
+        if key == "uv run" and rest and rest[0].endswith(".py"):
+            rest = ["python", *rest]
+        return _runs(_Shell(shell.before, shell.root, shell.cwd, pythonpath), rest, stdin, cwd)
+    here = shell.cwd if cwd is False else cwd
+    if PYTHON.fullmatch(name):
+        return _python(shell, words[1:], stdin, here, pythonpath)
+    runner = SCRIPT_RUNNERS.get(two) or SCRIPT_RUNNERS.get(name)
+    if runner is not None:
+        args = words[len(two.split()):] if two in SCRIPT_RUNNERS else words[1:]
+        takes, code = runner
+        script = _first_argument(args, takes, code)
+        if isinstance(script, tuple):  # `bash -c '...'` runs a command line of its own
+            if name in ("sh", "bash", "zsh", "dash", "ksh"):
+                inner = _Shell(shell.before, shell.root, here, pythonpath)
+                return [f for w, s in _simple_commands(script[0]) for f in _runs(inner, w, s)]
+            return []
+        found = shell.file(script, here) or (shell.file(stdin, here) if script in (None, "-") else None)
+        return [found] if found else []
+    runner_all = FILE_RUNNERS.get(two) or FILE_RUNNERS.get(name)
+    if runner_all is not None:
+        args = words[len(two.split()):] if two in FILE_RUNNERS else words[1:]
+        found = []
+        skip = False
+        for a in args:
+            if skip or a.startswith("-"):
+                skip = not skip and a in runner_all
+                continue
+            f = shell.file(a, here) or (shell.file(a + ".tex", here) if "latex" in name else None)
+            if f:
+                found.append(f)
+        return found
+    if name == "make":
+        folder, makefile = here, None
+        for option, value in zip(words[1:], words[2:]):
+            if option == "-C":
+                folder = shell.path(value, here)
+            elif option == "-f":
+                makefile = value
+        names = [makefile] if makefile else ["GNUmakefile", "makefile", "Makefile"]
+        return [f for f in (shell.file(n, folder) for n in names) if f][:1]
+    if "/" in words[0]:  # a program named by its path, not looked up on the PATH
+        found = shell.file(words[0], here)
+        return [found] if found else []
+    return []
+
+
+def _first_argument(args: list[str], takes: frozenset[str], code: frozenset[str]) -> str | tuple[str] | None:
+    """An interpreter's script (None: it has none, it reads its input); a tuple holds the
+    code it was given instead (`-c '...'`)."""
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a in code:
+            return (args[i + 1],) if i + 1 < len(args) else None
+        if a == "--":
+            return args[i + 1] if i + 1 < len(args) else None
+        if a.startswith("-") and a != "-":
+            i += 2 if a in takes else 1
+            continue
+        return a
+    return None
+
+
+def _python(shell: _Shell, args: list[str], stdin: str | None, cwd: str | None, pythonpath: tuple[str, ...]) -> list[str]:
+    """The file Python runs: its script, or the module of `-m` (found where Python looks first:
+    the folder it runs in, PYTHONPATH, and `src/` for a package installed from there)."""
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "-c":
+            return []
+        if a.startswith("-m"):
+            module = a[2:] or (args[i + 1] if i + 1 < len(args) else "")
+            folders = [cwd, *(shell.path(p, cwd) for p in pythonpath), "src"]
+            for folder in folders:
+                if folder is None:
+                    continue
+                base = posixpath.join(folder, *module.split("."))
+                for rel in (base + ".py", posixpath.join(base, "__main__.py")):
+                    if rel in shell.before:
+                        return [rel]
+            return []
+        if a.startswith("-") and a != "-":
+            i += 2 if a in SCRIPT_RUNNERS["python"][0] else 1
+            continue
+        break
+    script = args[i] if i < len(args) else None
+    found = shell.file(script, cwd) or (shell.file(stdin, cwd) if script in (None, "-") else None)
+    return [found] if found else []
+
+
+def precise(value: Any) -> bool:
+    """A number too precise to be a setting: not an integer, 3 significant digits or more."""
+    if isinstance(value, bool) or not isinstance(value, float) or not math.isfinite(value) or value.is_integer():
         return False
-    text = json.dumps(value)
-    return re.search(rf"(?<![\w.]){re.escape(text)}(?![\w.])", command) is not None or (
-        isinstance(value, float) and value.is_integer() and
-        re.search(rf"(?<![\w.]){int(value)}(?![\w.])", command) is not None)
+    return len(repr(abs(value)).split("e")[0].replace(".", "").lstrip("0")) >= 3
 
+
+def unmeasured(attempt: Any, record: Mapping[str, Any], read_text: Callable[[str], str | None],
+               root: str | Path | None = None) -> str | None:
+    """Why the attempt's metrics (and files) are not evidence, in one short clause; None when
+    they are. `record`: its record of files (`before`, `wrote`, `after`); `read_text`: a
+    workspace file's text as the attempt found it (its kept copy), None when there is none."""
+    before = record.get("before") or {}
+    ran = code_run(attempt.command, before, root)
+    if not ran:
+        return "its command runs no code of the workspace"
+    name = attempt.metrics_file
+    if not name:
+        return None
+    if name not in (record.get("wrote") or ()):
+        return f"it did not write {name}: that file holds what it held before the attempt ran"
+    digest = (record.get("after") or {}).get(name)
+    copied = [rel for rel, d in before.items() if d == digest]
+    if copied:
+        return f"{name} is a copy of {copied[0]}, which was there before it ran"
+    texts = {"its command": attempt.command, **{f: read_text(f) or "" for f in ran}}
+    written = {where: {float(n) for n in NUMBER.findall(text)} for where, text in texts.items()}
+    for key, value in attempt.metrics.items():
+        where = [w for w, numbers in written.items() if precise(value) and abs(value) in numbers]  # a sign is no digit
+        if where:
+            return f"the value of {key} ({value}) is written in {where[0]}"
+    return None
+
+
+def kept_text(kept: Path, before: Mapping[str, str], limit: int = 2_000_000) -> Callable[[str], str | None]:
+    """A reader of the workspace's files as an attempt found them (`before`), from their copies
+    kept by digest in `kept` (`snapshot.keep_copies`)."""
+    def read(rel: str) -> str | None:
+        try:
+            return Beneath(kept).read_bytes(before[rel], limit).decode(errors="replace")
+        except (KeyError, OSError, Refused):
+            return None
+    return read
 
 @dataclass(frozen=True)
 class Evidence:
@@ -79,33 +385,32 @@ class Evidence:
     """Texts whose numbers may be restated: the idea, the run list."""
 
     def computed(self, attempt: Any) -> bool:
-        """A SUCCESS attempt that ran code from the workspace."""
-        before = (self.files.get(attempt.n) or {}).get("before") or {}
-        return attempt.status == "SUCCESS" and runs_workspace_code(attempt.command, before)
+        """A SUCCESS attempt whose metrics and files are evidence (`unmeasured`, judged when it ended)."""
+        return attempt.status == "SUCCESS" and attempt.unmeasured is None
 
     def measured(self, attempt: Any) -> dict[str, Any]:
         """The metrics the attempt computed (none for an attempt that did not compute)."""
-        if not self.computed(attempt):
-            return {}
-        return {k: v for k, v in attempt.metrics.items() if not literal_in(attempt.command, v)}
+        return dict(attempt.metrics) if self.computed(attempt) else {}
 
     def measured_files(self, outside: Iterable[str] = ()) -> list[str]:
         """The files that hold what a computing attempt wrote, as it wrote them (`outside`:
         files and folders left out: the write-up itself, and the paper's folder, whose build
         logs echo its text)."""
         skip = tuple(o.rstrip("/") for o in outside)
-        found: dict[str, None] = {}
+        wrote = dict.fromkeys(rel for a in self.attempts if self.computed(a) for rel in (self.files.get(a.n) or {}).get("after") or {})
+        return [rel for rel in wrote if not rel.endswith("/") and not any(rel == s or rel.startswith(s + "/") for s in skip)
+                and self.computed_file(rel)]  # an environment is no result
+
+    def computed_file(self, rel: str) -> bool:
+        """`rel` holds what a computing attempt wrote, and not a copy of a file that was there
+        before that attempt ran."""
+        now = entry_digest(self.root, rel)
         for a in self.attempts:
             record = self.files.get(a.n) or {}
-            if not self.computed(a):
-                continue
-            before = set((record.get("before") or {}).values())
-            for rel, digest in (record.get("after") or {}).items():
-                if rel.endswith("/") or any(rel == s or rel.startswith(s + "/") for s in skip) or digest in before:
-                    continue  # an environment, a folder left out, or a copy of what was there
-                if entry_digest(self.root, rel) == digest:
-                    found[rel] = None
-        return list(found)
+            if self.computed(a) and now is not None and (record.get("after") or {}).get(rel) == now \
+                    and now not in set((record.get("before") or {}).values()):
+                return True
+        return False
 
     def numbers(self, outside: Iterable[str] = ()) -> latex.Numbers:
         metrics = [float(v) for a in self.attempts for v in self.measured(a).values()

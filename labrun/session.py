@@ -19,6 +19,7 @@ from labrun.journal import Conversation, phase_usage
 from labrun.keys import Key, pass_env_names, session_keys, unset
 from labrun.plan import Plan
 from labrun.egress import EgressProxy
+from labrun.evidence import kept_text, unmeasured
 from labrun.sandbox import Sandbox, bubblewrap
 from labrun.sealed import hidden, seal
 from labrun.secrets import declare
@@ -201,6 +202,10 @@ class Session:
         if not plan.criteria and not plan.runs and idea.evaluation_criteria:
             state.plan = Plan.for_criteria(idea.evaluation_criteria)
         state.experiments_budget_usd = idea.budget_usd
+        for a in state.attempts:  # an attempt of a labrun that did not judge its metrics when it ended
+            if a.status == "SUCCESS" and "unmeasured" not in a.model_fields_set:
+                record = self.attempt_files(a.n) or {}
+                a.unmeasured = unmeasured(a, record, kept_text(self.ws.kept, record.get("before") or {}), self.ws.root)
         state.time_limit_s = idea.constraints.time_limit
         if state.budget_from is None:
             # Before the two budgets, the idea's constraints.budget limited the agent's own spend.

@@ -109,6 +109,9 @@ class Attempt(BaseModel):
     """The branch of the session it ran in (`labrun rerun`); the numbering is one sequence."""
     reproduction: Reproduction | None = None
     """Set once the engine reran it (an attempt that a criterion judged met cites)."""
+    unmeasured: str | None = None
+    """Why its metrics and files are not evidence (`labrun.evidence.unmeasured`), judged once
+    when it ended; None when they are."""
 
 
 class Branch(BaseModel):

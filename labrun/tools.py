@@ -37,6 +37,10 @@ VIEW_MAX_ENTRIES = 1000
 """The most entries of a folder the editor lists."""
 
 
+NOT_EVIDENCE = ("No result may cite this attempt's metrics or files: write the metrics file (and the figures) from "
+                "the code that computes them, run by this same attempt.")
+
+
 class RunExperimentInput(BaseModel):
     command: str = Field(description="Shell command to run in the workspace root.")
     purpose: str = Field(description="What this attempt tests, in one sentence.")
@@ -251,6 +255,8 @@ class ToolBox:
             f"Duration: {attempt.duration_s:.1f} s" if attempt.duration_s is not None else "Duration: —",
             f"Error: {attempt.error or 'none'}",
             f"Metrics: {metrics}",
+            *([f"Not evidence: {attempt.unmeasured}. {NOT_EVIDENCE}"]
+              if attempt.status == "SUCCESS" and attempt.unmeasured and (attempt.metrics_file or attempt.outputs) else []),
             f"Outputs: {', '.join(attempt.outputs) or 'none'}",
             f"Log: {attempt.log}",
             "Output (tail):",

@@ -18,6 +18,7 @@ from prefect.transactions import CommitMode, transaction
 
 from labrun.commands import run_command
 from labrun.crashpoints import crashpoint
+from labrun.evidence import kept_text, unmeasured
 from labrun.session import Session
 from labrun.snapshot import changed, keep_copies, workspace_files
 from labrun.state import Attempt
@@ -111,6 +112,8 @@ def experiment_attempt(session_id: str, workspace: str, n: int) -> dict:
     session.ws.release_reserve_if_full()  # so that this attempt's record fits
     session.attempt_wrote(n, workspace_files(session.ws.root))
     status, error, metrics, outputs = judge(session, attempt, result)
+    record = session.attempt_files(n) or {}
+    ended = attempt.model_copy(update={"metrics": metrics})
     session.update_attempt(
         n,
         status=status,
@@ -119,6 +122,7 @@ def experiment_attempt(session_id: str, workspace: str, n: int) -> dict:
         error=error,
         metrics=metrics,
         outputs=outputs,
+        unmeasured=unmeasured(ended, record, kept_text(session.ws.kept, record.get("before") or {}), session.ws.root),
         pgid=None,
     )
     return session.state.attempts[n - 1].model_dump()

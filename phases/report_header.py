@@ -22,7 +22,7 @@ from labrun.evidence import ENGINE_BLOCK, SOURCE
 from labrun.prose_numbers import Record, stated, unrecorded
 from labrun.session import Session
 from labrun.snapshot import entry_digest
-from labrun.phases.reproduction import reproduction_lines
+from labrun.phases.reproduction import reproduction_lines, settings
 from labrun.phases.sealed_scoring import sealed_line
 
 DEFAULT_SEALED_TOLERANCE = 0.05
@@ -41,15 +41,19 @@ def results(session: Session) -> tuple[list[Standing], list[Verdict]]:
     sealed = session.idea.sealed_evaluation
     tolerance = sealed.tolerance if sealed and sealed.tolerance is not None else DEFAULT_SEALED_TOLERANCE
     behind = {n for c in plan.claims for n in (*c.attempts, *c.baseline_attempts)}
-    changed = {n: code_changed(session, n) for n in behind}
-    standings = [standing(c, attempts, scores, tolerance, changed) for c in plan.claims]
-    return standings, [verdict(c, plan.check(c.id), standings, scores) for c in plan.criteria]
+    files = {n: session.attempt_files(n) or {} for n in behind}
+    changed = {n: code_changed(session, files[n]) for n in behind}
+    # the sealed score judges the claims on what it scored: those whose attempts wrote the artifact
+    made = {n for n in behind if sealed and sealed.artifact in (files[n].get("wrote") or ())}
+    standings = [standing(c, attempts, scores if made & set(c.attempts) else {}, tolerance, settings(session)[1],
+                          changed) for c in plan.claims]
+    return standings, [verdict(c, plan.check(c.id), standings) for c in plan.criteria]
 
 
-def code_changed(session: Session, n: int) -> list[str]:
-    """The source files attempt n started from that the workspace no longer holds as they were."""
-    before = (session.attempt_files(n) or {}).get("before") or {}
-    return [rel for rel, digest in before.items()
+def code_changed(session: Session, record: dict) -> list[str]:
+    """The source files an attempt started from (`record`: its files) that the workspace no
+    longer holds as they were."""
+    return [rel for rel, digest in (record.get("before") or {}).items()
             if SOURCE.fullmatch(rel) and entry_digest(session.ws.root, rel) != digest]
 
 

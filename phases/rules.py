@@ -7,10 +7,14 @@ itself in words for the prompts. A phase needing something new declares a new pa
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
+import math
 import os
 import re
 import stat
+import tokenize
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -23,10 +27,14 @@ from labrun.crashpoints import crashpoint
 from labrun.claims import Claim, claim_problems, standing, verdict
 from labrun.evidence import ENGINE_BLOCK, Evidence
 from labrun.plan import Plan, coverage, normal_path, output_exists, seeds_asked
+from labrun.workspace import Workspace
 from labrun.wsfs import Beneath, Refused
 
 IDEA_COPY = ".labrun/idea.yaml"
 """The session's copy of its idea, in the workspace."""
+
+PROSE = (".md", ".txt", ".rst")
+"""Planned outputs the agent may write itself (a summary); any other holds what an attempt computed."""
 
 HONEST_EFFORT = 3
 """Attempts of the experiments phase that did not succeed before it may close as a negative
@@ -408,8 +416,10 @@ class PlannedRunsDone:
             return [f"an honest effort before a negative outcome: at least {self.honest_effort} failed attempts "
                     f"in this phase, each with its fix ({len(tried)} so far)"]
         unfixed = [a.n for a in tried[1:] if _words(a.fix_applied or "") < Sections.MIN_WORDS]
-        errors = {(a.error or "").strip() for a in tried}
-        sources = {json.dumps(_sources(work.files.get(a.n) or {}), sort_keys=True) for a in tried}
+        errors = {failure_kind(a.error or "") for a in tried}
+        wrote = {rel for a in tried for rel in (work.files.get(a.n) or {}).get("wrote") or ()}
+        kept = Workspace(work.root).kept
+        sources = {json.dumps(_sources(work.files.get(a.n) or {}, wrote, kept), sort_keys=True) for a in tried}
         problems = []
         if unfixed:
             problems.append(f"what was changed before attempt{'s' * (len(unfixed) > 1)} "
@@ -426,10 +436,78 @@ class PlannedRunsDone:
                 "fixes, the phase closes with a `negative_outcome`)")
 
 
-def _sources(record: Mapping[str, Any]) -> dict[str, str]:
-    """The workspace as an attempt found it, without what it wrote itself."""
-    wrote = set(record.get("wrote") or ())
-    return {k: v for k, v in (record.get("before") or {}).items() if k not in wrote}
+def _sources(record: Mapping[str, Any], wrote: set[str], kept: Path) -> dict[str, str]:
+    """The workspace as an attempt found it, without what the failed attempts wrote
+    themselves (`wrote`): a source file as its code (`source_code`, read from its kept copy),
+    any other by its digest."""
+    found = {}
+    for rel, digest in (record.get("before") or {}).items():
+        if rel in wrote:
+            continue
+        try:
+            text = Beneath(kept).read_bytes(digest, 2_000_000).decode()
+        except (OSError, Refused, UnicodeDecodeError):
+            text = None
+        found[rel] = digest if text is None else hashlib.sha256(source_code(rel, text).encode()).hexdigest()
+    return found
+
+
+FAILURE_DETAILS = re.compile(
+    r"(?:[\w.~-]*/)+[\w.-]+"  # paths
+    r"|\b0x[0-9a-f]+\b|\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{6,}\b"  # addresses, hex ids
+    r"|\d+(?:\.\d+)?(?:e[-+]?\d+)?", re.I)  # numbers, durations, line numbers
+
+
+def failure_kind(error: str) -> str:
+    """An error without what differs between two runs of the same failure: paths, addresses,
+    hex ids, numbers (line numbers, durations, sizes)."""
+    return " ".join(FAILURE_DETAILS.sub("#", error).split())
+
+
+C_LIKE = {".c", ".h", ".cc", ".cpp", ".hpp", ".cu", ".js", ".ts", ".java", ".rs", ".go", ".scala", ".kt", ".swift"}
+HASH_COMMENTS = {".sh", ".bash", ".zsh", ".r", ".jl", ".pl", ".rb", ".yaml", ".yml", ".toml", ".cfg", ".ini", ""}
+
+
+def source_code(rel: str, text: str) -> str:
+    """A source file as code: without comments (Python's docstrings too), blank lines and
+    indentation, so that two files that differ only there compare equal."""
+    suffix = Path(rel).suffix.lower()
+    if suffix == ".py":
+        try:
+            return _python_code(text)
+        except (tokenize.TokenError, IndentationError, SyntaxError):
+            suffix = ".sh"
+    if suffix in C_LIKE:
+        text = re.sub(r"/\*.*?\*/|//[^\n]*", " ", text, flags=re.S)
+    elif suffix in HASH_COMMENTS:
+        text = re.sub(r"(?:^|(?<=\s))#[^\n]*", "", text)
+    elif suffix == ".tex":
+        text = re.sub(r"(?<!\\)%[^\n]*", "", text)
+    elif suffix == ".lean":
+        text = re.sub(r"/-.*?-/|--[^\n]*", " ", text, flags=re.S)
+    return "\n".join(" ".join(line.split()) for line in text.splitlines() if line.strip())
+
+
+def _python_code(text: str) -> str:
+    """Python's tokens without comments, blank lines, docstrings (a string that is a statement of
+    its own) and the width of indentation."""
+    kept: list[str] = []
+    statement_start = True
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type in (tokenize.COMMENT, tokenize.NL, tokenize.ENCODING):
+            continue
+        if tok.type in (tokenize.INDENT, tokenize.DEDENT):  # a block begins or ends, however wide
+            kept.append(tokenize.tok_name[tok.type])
+            continue
+        if tok.type == tokenize.NEWLINE:
+            kept += [] if statement_start else ["\n"]
+            statement_start = True
+            continue
+        if tok.type == tokenize.STRING and statement_start:
+            continue  # a docstring (or a string on a line of its own, which does nothing)
+        statement_start = False
+        kept.append(tok.string)
+    return " ".join(kept)
 
 
 @dataclass(frozen=True)
@@ -449,7 +527,9 @@ class CriteriaJudged:
             claims = [k for k in plan.claims if k.criterion == c.id]
             check = plan.check(c.id)
             if c.status is None:
-                found.append(f"a verdict on criterion {c.id} (\"{_clip(c.text)}\") in criteria: met or unmet, with a note")
+                if check is None:  # a checked one the engine decides from the claims
+                    found.append(f"a verdict on criterion {c.id} (\"{_clip(c.text)}\") in criteria: met or unmet, "
+                                 "with a note")
             elif c.phase != work.phase:
                 continue  # judged in an earlier phase; the engine's section shows how it stands now
             elif c.status == "met" and plan.runs and not done & set(serving):
@@ -460,16 +540,23 @@ class CriteriaJudged:
                              f"\"{c.id}\", metric, attempts, value, …}}{f', giving {check.metric}' if check else ''}); "
                              "otherwise it is unmet")
             elif check is not None and claims:
-                engine = verdict(c, check, [standing(k, attempts, {}, 0) for k in claims], {})
-                if engine.verdict in ("met", "unmet") and engine.verdict != c.status:
+                # met or unmet by the numbers alone (whether they reproduce is the engine's section's to show)
+                engine = verdict(c, check, [standing(k, attempts, {}, 0, math.inf) for k in claims])
+                if not any(k.metric == check.metric for k in claims):
+                    if c.status == "met":
+                        found.append(f"criteria: {c.id} has a planned check on {check.metric}, which no claim gives "
+                                     f"yet: leave its verdict out, and the engine decides it once a claim gives "
+                                     f"{check.metric} (here or in the analysis)")
+                elif engine.verdict in ("met", "unmet") and engine.verdict != c.status:
                     found.append(f"criteria: {c.id} is {engine.verdict} by the planned check ({engine.basis}); "
-                                 f"give that verdict, or a claim with the numbers that decide it")
+                                 f"give that verdict, or leave it out and the engine gives it")
         return found
 
     def describe(self) -> str:
-        return ("every evaluation criterion of the idea is judged met or unmet in `criteria`, with a note; a met "
-                "one has a successful attempt of a run that serves it and a claim that bears on it, and a criterion "
-                "with a planned check gets the verdict its claims' numbers give")
+        return ("every evaluation criterion of the idea without a planned check is judged met or unmet in "
+                "`criteria`, with a note; a met one has a successful attempt of a run that serves it and a claim that "
+                "bears on it; the engine decides a checked criterion from its claims, and a verdict given for one "
+                "must agree")
 
 
 @dataclass(frozen=True)
@@ -502,7 +589,8 @@ class ClaimsHold:
 @dataclass(frozen=True)
 class PlannedOutputs:
     """Each file the plan's `analysis_outputs` name exists (and is not empty), or a deviation
-    says why not."""
+    says why not; one that is not prose holds what a computing attempt wrote
+    (`Evidence.computed_file`)."""
 
     fields: ClassVar[tuple[str, ...]] = ("deviations",)
 
@@ -510,12 +598,19 @@ class PlannedOutputs:
         plan = work.plan
         found = [f"deviations: {d.id} is not one of the planned analysis_outputs ({', '.join(plan.outputs) or 'none'})"
                  for d in _given(work, "deviations") if normal_path(d.id) not in plan.outputs]
-        found += [f"file {p} (planned in analysis_outputs), or a deviation with the reason"
-                  for p in plan.outputs if not output_exists(work.root, p) and plan.deviation(p) is None]
+        for p in plan.outputs:
+            if plan.deviation(p) is not None:
+                continue
+            if not output_exists(work.root, p):
+                found.append(f"file {p} (planned in analysis_outputs), or a deviation with the reason")
+            elif Path(p).suffix.lower() not in PROSE and not work.evidence.computed_file(p):
+                found.append(f"{p} holds what no computing run_experiment attempt wrote (made by hand, copied or "
+                             "edited since): produce it with the run_experiment attempt that computes it")
         return found
 
     def describe(self) -> str:
-        return "every file the plan's `analysis_outputs` name exists, or a deviation says why not"
+        return ("every file the plan's `analysis_outputs` name exists, or a deviation says why not; one that is "
+                "not prose (.md, .txt, .rst) holds what the `run_experiment` attempt that computed it wrote")
 
 
 @dataclass(frozen=True)

@@ -262,7 +262,7 @@ class AutoResearcher:
             "complete_phase", summary="Plan written to planning.md.", sections={
                 "research_specification": "Question: does RMSE of a k-sample mean fall as 1/sqrt(k)?\n"
                 "Hypothesis: log-log slope -0.5 +/- 0.05.\nMethod: Monte Carlo, k = 1..64, 400 trials, "
-                "seed 0; see planning.md."}, run_list=[RUN], analysis_outputs=["results/summary.json"])]
+                "seed 0; see planning.md."}, run_list=[RUN], analysis_outputs=["results/rmse_by_k.json"])]
 
     def setup(self, body, turn):
         if turn == 1:
@@ -310,8 +310,7 @@ class AutoResearcher:
 
     def analysis(self, body, turn):
         if turn == 1:
-            return "Reading the metrics.", [_call(
-                "bash", command="cp results/metrics.json results/summary.json && cat results/summary.json")]
+            return "Reading the metrics.", [_call("bash", command="cat results/metrics.json")]
         metrics = _last_json(tool_results(body))
         return "Comparing with theory.", [_call(
             "complete_phase", summary="Slope compared with theory.", sections={

@@ -183,8 +183,8 @@ def test_a_rerun_killed_at_any_step_resumes_on_its_branch(ws, where, forker, cli
     assert billed[: len(billed_before)] == billed_before
     assert not set(billed[len(billed_before):]) & {"planning", "setup", "implementation"}
     assert billed[len(billed_before):].count("experiments") == 4  # the rerun's turns, each once
-    assert [a["branch"] for a in report["attempts"]][:2] == [1, 1]
-    assert {a["branch"] for a in report["attempts"][2:]} == {2}
+    assert [a["branch"] for a in report["attempts"]][:3] == [1, 1, 1]  # two experiments, one analysis
+    assert {a["branch"] for a in report["attempts"][3:]} == {2}
     # Branch 1 was archived once and whole; the workspace holds branch 2's journals only.
     assert not list((ws / ".labrun/branches").glob(".new-*"))
     assert len(list((ws / ".labrun/branches/1/phases/experiments").glob("conversation-*.jsonl"))) == 1
@@ -201,14 +201,14 @@ def test_a_rerun_from_experiments_sees_the_failed_attempt_of_the_earlier_branch(
     assert rerun_flow(ws, "experiments").is_completed()
     report = status(ws)
     assert [(a["n"], a["status"], a["branch"]) for a in report["attempts"]] == [
-        (1, "FAILED", 1), (2, "SUCCESS", 1), (3, "SUCCESS", 2)]
+        (1, "FAILED", 1), (2, "SUCCESS", 1), (3, "SUCCESS", 1), (4, "SUCCESS", 2), (5, "SUCCESS", 2)]  # 3, 5: analysis
     worklog = parse_state_md((ws / "STATE.md").read_text())["Worklog"]
     assert "src/experiment.py" in worklog.split("taken as they stand for branch 2:")[1].splitlines()[0]
     assert ("run_experiment refused: attempt 1 (branch 1) already ran this command on these same "
             "files and failed") in worklog
-    assert report["attempts"][2]["fix_applied"]
+    assert report["attempts"][3]["fix_applied"]
     # The run list counts branch 2's own attempt: branch 1's were made in a phase it reran.
-    assert [(r["id"], r["succeeded"], r["attempts"]) for r in report["plan"]["runs"]] == [("R1", [3], [3])]
+    assert [(r["id"], r["succeeded"], r["attempts"]) for r in report["plan"]["runs"]] == [("R1", [4], [4])]
     assert all(c["status"] == "met" for c in report["plan"]["criteria"])
     # The archive holds the code as it stood when the rerun began; branch 2 fixed it again.
     assert BUG in (ws / ".labrun/branches/1/files/src/experiment.py").read_text()

@@ -167,6 +167,13 @@ def test_a_negative_outcome_needs_an_honest_effort_then_the_write_up_says_what_f
     (session.ws.root / "results").mkdir()
     (session.ws.root / "results/summary.json").write_text("{}")
     learnings = {"learnings": "what failed and why"}
+    by_hand = call(session, "analysis", "complete_phase", summary="x", sections=learnings)
+    assert by_hand.is_error and "results/summary.json holds what no computing run_experiment attempt wrote" in by_hand.content
+    (session.ws.root / "src").mkdir(exist_ok=True)
+    (session.ws.root / "src/summarize.py").write_text("import json\njson.dump({'failed': 3}, open('results/summary.json', 'w'))\n")
+    assert "SUCCESS" in call(session, "analysis", "run_experiment", command="python3 src/summarize.py",
+                             purpose="summarise the failures", outputs=["results/summary.json"],
+                             fix_applied="no service call: only the failures, summarised").content
     missing = call(session, "analysis", "complete_phase", summary="x", sections=learnings)
     assert missing.is_error and "file figures/slopes.png (planned in analysis_outputs)" in missing.content
     assert "results/summary.json" not in missing.content

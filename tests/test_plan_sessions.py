@@ -49,6 +49,7 @@ class ThreeRuns(AutoResearcher):
         say, calls = super().planning(body, turn)
         if calls[0][0] == "complete_phase":
             calls[0][1]["run_list"] = RUNS
+            calls[0][1]["analysis_outputs"] = ["results/summary.json"]
         return say, calls
 
     def implementation(self, body, turn):
@@ -93,9 +94,12 @@ class ThreeRuns(AutoResearcher):
 
     def analysis(self, body, turn):
         if turn == 1:
-            return "Collecting the three runs.", [_call("bash", command=(
-                "python3 -c \"import json,glob; m={f: json.load(open(f)) for f in sorted(glob.glob('results/metrics_s*.json'))}; "
-                "json.dump(m, open('results/summary.json','w')); print(json.dumps({'slope': [v['slope'] for v in m.values()]}))\""))]
+            return "Collecting the three runs.", [  # a planned output: written by the attempt that computes it
+                _call("str_replace_based_edit_tool", command="create", path="src/collect.py", file_text=(
+                    "import json, glob\nm = {f: json.load(open(f)) for f in sorted(glob.glob('results/metrics_s*.json'))}\n"
+                    "json.dump(m, open('results/summary.json', 'w'))\nprint(json.dumps({'slope': [v['slope'] for v in m.values()]}))\n")),
+                _call("run_experiment", command="python3 src/collect.py", purpose="the three runs in one summary",
+                      outputs=["results/summary.json"])]
         return super().analysis(body, turn)
 
 
@@ -115,7 +119,7 @@ def test_three_planned_runs_and_completing_with_one_is_refused(tmp_path, serve, 
     report = status(ws)
     assert report["session"]["complete"]
     assert [(a["n"], a["run_id"], a["status"]) for a in report["attempts"]] == [
-        (1, "R1", "SUCCESS"), (2, "R2", "SUCCESS"), (3, "R3", "SUCCESS")]
+        (1, "R1", "SUCCESS"), (2, "R2", "SUCCESS"), (3, "R3", "SUCCESS"), (4, None, "SUCCESS")]
     plan = report["plan"]
     assert plan["coverage"] == {"runs": 3, "done": 3, "deviated": 0, "open": 0}
     assert [c["status"] for c in plan["criteria"]] == ["met", "met"]
@@ -185,7 +189,8 @@ class NothingWorks(AutoResearcher):
                 "mkdir -p results && printf '{\"attempts\": 3, \"cause\": \"401: no token\"}' > results/summary.json"))]
         return "No figure can be drawn.", [_call(
             "complete_phase", summary="The failure analysed.", sections={"learnings": "- Every attempt: 401, no token."},
-            deviations=[{"id": "figures/rmse.png", "reason": "no run produced RMSE values"}])]
+            deviations=[{"id": "figures/rmse.png", "reason": "no run produced RMSE values"},
+                        {"id": "results/summary.json", "reason": "no run computed anything; it lists the failures"}])]
 
     def documentation(self, body, turn):
         if turn == 1:
