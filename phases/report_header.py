@@ -18,13 +18,15 @@ from typing import Any
 from labrun import paper
 from labrun.crashpoints import crashpoint
 from labrun.claims import Standing, Verdict, standing, verdict, number
-from labrun.evidence import ENGINE_BLOCK, SOURCE
+from labrun.evidence import ENGINE_BLOCK
 from labrun.prose_numbers import Record, stated, unrecorded
 from labrun.session import Session
 from labrun.snapshot import entry_digest
 from labrun.phases.reproduction import reproduction_lines, settings
 from labrun.phases.sealed_scoring import sealed_line
 
+SOURCE = re.compile(r"[\w./-]*\w\.(?:py|sh|bash|r|R|jl|ipynb|js|ts|lean|m|cpp|cc|c|rs|go|java|scala|pl|rb|lua)")
+"""A source file, by its name: the code whose change since an attempt the section shows."""
 DEFAULT_SEALED_TOLERANCE = 0.05
 MAX_LISTED = 40
 
