@@ -437,7 +437,7 @@ def _read(t: _Text, latex: bool) -> list[Stated]:
     found = []
     newlines = [i for i, ch in enumerate(t.original) if ch == "\n"]
     for k in tokens:
-        if k.unit == "" and any(a <= k.start < b for a, b in percent_tables):
+        if k.unit == "" and any(a <= k.start < b for a, b in percent_tables) and _a_cell(text, k, latex):
             k.unit = "%"
         if k.integer and not (k.unit == "%" or (k.unit == "pp" and not k.bare_points)):
             continue  # a count, a year, a size, a seed
@@ -447,6 +447,17 @@ def _read(t: _Text, latex: bool) -> list[Stated]:
                             kind=kind, value=k.value, tolerance=k.tolerance, signed=k.signed, unit=k.unit,
                             relation=k.relation))
     return found
+
+
+def _a_cell(text: str, k: "_Token", latex: bool) -> bool:
+    """The number is a cell of its own (`| 84.2 |`, `& 84.2`), not in a label (`| seed 4 |`):
+    only a table's values are in the unit its heading gives. (In LaTeX, `\\\\` is gone by now:
+    a value cell follows a `&`.)"""
+    if latex:
+        return text[:k.shown].rstrip().endswith("&")
+    before = max(text.rfind("|", 0, k.shown), text.rfind("\n", 0, k.shown))
+    after = min((i for i in (text.find("|", k.end), text.find("\n", k.end)) if i >= 0), default=len(text))
+    return text[before + 1:after].strip() == text[k.shown:k.end].strip()
 
 
 def _token(m: "re.Match[str]", text: str, code: list[tuple[int, int]]) -> _Token | None:

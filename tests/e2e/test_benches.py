@@ -21,6 +21,7 @@ SMALLEST = {
     "rerun.py": [],
     "server_throughput.py": ["--levels", "1", "--per-slot", "1"],
     "claude_tools.py": [],
+    "integrity.py": [],
 }
 
 
