@@ -108,8 +108,8 @@ def section(session: Session) -> str:
     if verdicts:
         lines += ["", "| criterion | verdict | decided by | basis |", "|---|---|---|---|"]
         for v in verdicts:
-            lines.append(f"| {v.criterion.id}: {cell(v.criterion.text)} | **{v.verdict}** | {v.by} | {cell(v.basis)}"
-                         f"{' (' + ', '.join(v.claims) + ')' if v.claims else ''} |")
+            claims = f" ({', '.join(v.claims)})" if v.claims and v.by == "agent" else ""  # the engine's basis names them
+            lines.append(f"| {v.criterion.id}: {cell(v.criterion.text)} | **{v.verdict}** | {v.by} | {cell(v.basis)}{claims} |")
     notes = [f"- {cell(s.claim.id)}: #{a.attempt} set aside by the agent: {cell(a.reason)}"
              for s in standings for a in s.claim.set_aside]
     notes += [f"- {cell(s.claim.id)}: the code its attempts ran has changed or gone since: {', '.join(s.code_changed)}"

@@ -38,7 +38,7 @@ from support import DEMO_IDEA
 from labrun import latex
 from labrun.phases import BY_KEY
 from labrun.phases.phase import engine_steps, toolbox
-from labrun.phases.report_header import results, unrecorded_numbers
+from labrun.phases.report_header import record, results, unrecorded_numbers, write_up
 from labrun.sandbox import bubblewrap
 from labrun.session import Session
 from labrun.state import Attempt
@@ -180,7 +180,7 @@ class Outcome:
 def outcome(session: Session) -> Outcome:
     report = session.ws.files.read_text("REPORT.md") if session.ws.files.is_file("REPORT.md") else ""
     section = report.partition("<!-- labrun:results -->")[2].partition("<!-- /labrun:results -->")[0]
-    return Outcome(section=section, listed=unrecorded_numbers(session, results(session)[0]), report=report)
+    return Outcome(section=section, listed=unrecorded_numbers(write_up(session), record(session, results(session)[0])), report=report)
 
 
 def played(play: Callable[[], Session | Outcome]) -> Outcome:
@@ -441,7 +441,7 @@ def row(claim: str, status: str):
 
 
 def verdict_row(criterion: str, verdict: str, by: str = "engine"):
-    return lambda o, study: re.search(rf"^\| {criterion}: .*\| \*\*{verdict}\*\* \| {by} \|", o.section, re.M) is not None
+    return lambda o, study: re.search(rf"^\| {criterion}: .*\| \*\*{verdict}\*\* \| {by}[^|]*\|", o.section, re.M) is not None
 
 
 def both(*tests):
@@ -715,7 +715,7 @@ def sealed_session(study: Study, report: Callable[[Session], str]) -> Outcome:
 
 @case("cheat", "the sealed score contradicts the claim: claim contradicted, C1 decided by the sealed score",
       shown=both(row("K1", "contradicted by the sealed evaluation"),
-                 verdict_row("C1", "unmet", "engine, from the sealed evaluation")))
+                 verdict_row("C1", "unmet", "engine, by the sealed score")))
 def sealed_score_contradicts(study):
     return sealed_session(study, lambda s: "The predictions are perfect: accuracy 1.0.\n")
 
