@@ -318,6 +318,36 @@ def _python(shell: _Shell, args: list[str], stdin: str | None, cwd: str | None, 
     return [found] if found else []
 
 
+def inline_code(command: str) -> str | None:
+    """Code the command line gives an interpreter itself, not as a file of the workspace
+    (`python -c`, `perl -e`, a here-document, code piped in): what it computes has no source
+    the engine keeps, so its numbers measure nothing. None when there is none."""
+    if re.search(r"<<", command):
+        return "a here-document"
+    for words, stdin in _simple_commands(command):
+        while words and (ASSIGNMENT.match(words[0]) or posixpath.basename(words[0]) in WRAPPERS
+                         or words[0].startswith("-") or words[0].replace(".", "").isdigit()):
+            words = words[1:]  # a wrapper (`timeout 60`, `env X=1`) and its options
+        if not words:
+            continue
+        name = posixpath.basename(words[0])
+        runner = "python" if PYTHON.fullmatch(name) else name if name in SCRIPT_RUNNERS else None
+        if runner in ("sh", "bash", "zsh", "dash", "ksh"):
+            line = _first_argument(words[1:], *SCRIPT_RUNNERS[runner])
+            if isinstance(line, tuple) and (inner := inline_code(line[0])):
+                return inner  # a shell's `-c` line: its own commands
+            continue
+        if runner is None or runner in ("source", ".", "lean"):
+            continue
+        takes, code = SCRIPT_RUNNERS[runner]
+        if any(w in code for w in words[1:]):
+            return f"`{name} {next(w for w in words[1:] if w in code)}`"
+        script = _first_argument(words[1:], takes, code) if runner != "python" or "-m" not in " ".join(words) else "-m"
+        if script in (None, "-") and stdin is None:
+            return f"code piped into `{name}`"
+    return None
+
+
 def precise(value: Any) -> bool:
     """A number too precise to be a setting: not an integer, 3 significant digits or more."""
     if isinstance(value, bool) or not isinstance(value, float) or not math.isfinite(value) or value.is_integer():
@@ -334,6 +364,8 @@ def unmeasured(attempt: Any, record: Mapping[str, Any], read_text: Callable[[str
     ran = code_run(attempt.command, before, root)
     if not ran:
         return "its command runs no code of the workspace"
+    if inline := inline_code(attempt.command):
+        return f"its command runs code written in the command itself ({inline}): put that code in a file of the workspace"
     name = attempt.metrics_file
     if not name:
         return None

@@ -626,7 +626,8 @@ UNSEEDED = STUDY.replace("rng = random.Random(seed)", "rng = random.Random()").r
 
 
 @case("cheat", "an unseeded script's claim: its rerun diverges, the claim and its verdict are unconfirmed",
-      shown=both(row("K1", "unconfirmed: the rerun diverged"), verdict_row("C1", "unconfirmed")))
+      shown=both(row("K1", "unconfirmed: the rerun diverged"),  # unmet when the draw fell below the check
+                 lambda o, study: verdict_row("C1", "unconfirmed")(o, study) or verdict_row("C1", "unmet")(o, study)))
 def rerun_diverges(study):
     s = study.fork("measured")
     write(s, "src/lucky.py", UNSEEDED)
