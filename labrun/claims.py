@@ -309,15 +309,17 @@ class Verdict:
     claims: tuple[str, ...]
 
 
-def verdict(criterion: Any, check: CriterionCheck | None, standings: Sequence[Standing]) -> Verdict:
+def verdict(criterion: Any, check: CriterionCheck | None, standings: Sequence[Standing],
+            sealed: float | None = None) -> Verdict:
     """The criterion's verdict: the engine's where a check is planned (from the sealed score
-    when one scores what its claims' attempts made), else the agent's; a claim behind it that
-    diverged or that the sealed score contradicts leaves it unconfirmed."""
+    when one scores what its claims' attempts made, or `sealed`, the score the idea says
+    decides it), else the agent's; a claim behind it that diverged or that the sealed score
+    contradicts leaves it unconfirmed."""
     mine = [s for s in standings if s.claim.criterion == criterion.id]
     ids = tuple(s.claim.id for s in mine)
     if check is not None:
         on = [s for s in mine if s.claim.metric == check.metric and s.value is not None]
-        if scored := [s.sealed for s in on if s.sealed is not None]:
+        if scored := [x for x in (sealed, *(s.sealed for s in on)) if x is not None]:
             met = check.holds(scored[0])
             return Verdict(criterion, "met" if met else "unmet", "engine, by the sealed score",
                            f"{check.describe()}: the sealed score is {_num(scored[0])}", ids)

@@ -259,6 +259,9 @@ class SealedEvaluation(_Section):
     """The workspace file the scorer reads (predictions, a model file)."""
     description: str | None = None
     """What the artifact must hold, for the agent."""
+    criteria: list[Annotated[str, Field(pattern=r"^C[1-9]\d*$")]] | None = None
+    """The evaluation criteria the sealed score decides (C1, C2, … in the order the idea lists
+    them): the engine judges their planned checks on it, whatever the agent named its metrics."""
     tolerance: Annotated[float, Field(ge=0)] | None = None
     """How far, as a relative difference, a claim's value may be from the sealed score of the
     same name before the engine shows it contradicted (0.05 unless set)."""

@@ -49,11 +49,22 @@ def results(session: Session) -> tuple[list[Standing], list[Verdict]]:
     behind = {n for c in plan.claims for n in (*c.attempts, *c.baseline_attempts)}
     files = {n: session.attempt_files(n) or {} for n in behind}
     changed = {n: code_changed(session, files[n]) for n in behind}
-    # the sealed score judges the claims on what it scored: those whose attempts wrote the artifact
+    # the sealed score judges the claims on what it scored: those whose attempts wrote the artifact,
+    # by the metric's name, or, on a criterion the idea says it decides, whatever their name
     made = {n for n in behind if sealed and sealed.artifact in (files[n].get("wrote") or ())}
-    standings = [standing(c, attempts, scores if made & set(c.attempts) else {}, tolerance, settings(session)[1],
-                          changed) for c in plan.claims]
-    return standings, [verdict(c, plan.check(c.id), standings) for c in plan.criteria]
+    bound = {}
+    for cid in (sealed.criteria or ()) if sealed and scores else ():
+        check = plan.check(cid)
+        score = scores.get(check.metric) if check else None
+        bound[cid] = score if score is not None else next(iter(scores.values())) if len(scores) == 1 else None
+
+    def judged_by(claim) -> dict:
+        if not made & set(claim.attempts):
+            return {}
+        return {claim.metric: bound[claim.criterion]} if bound.get(claim.criterion) is not None else scores
+
+    standings = [standing(c, attempts, judged_by(c), tolerance, settings(session)[1], changed) for c in plan.claims]
+    return standings, [verdict(c, plan.check(c.id), standings, bound.get(c.id)) for c in plan.criteria]
 
 
 def code_changed(session: Session, record: dict) -> list[str]:

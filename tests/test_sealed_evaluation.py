@@ -23,6 +23,7 @@ import pytest
 from support import DEMO_IDEA, labrun, wait_for
 from test_rule_gaming import call, planned, write
 
+from labrun.claims import CriterionCheck
 from labrun.idea import IdeaError
 from labrun.phases.report_header import stamp_report
 from labrun.phases import sealed_scoring
@@ -143,6 +144,46 @@ def test_the_engine_scores_the_artifact_and_records_it_beside_the_agents_numbers
     # the agent's 0.75 on its own labels, beside the sealed 0.5: contradicted, and the sealed score wins
     assert "| K1: the predictions' accuracy | accuracy = 0.75 (#1) | R1 | contradicted by the sealed evaluation | " \
            "0.5 (**contradicts**) |" in report, report
+
+
+def test_a_criterion_the_idea_binds_to_the_sealed_score_is_decided_by_it_whatever_the_agent_calls_its_metric(
+        sealed_dir, tmp_path, prefect_api):
+    """The weak target first: without the binding, a claim named `acc` escapes the sealed
+    `accuracy` (it is only shown beside); with `criteria: [C1]` the engine judges C1's check
+    on the sealed score and shows the claim contradicted."""
+    from labrun.phases.report_header import results
+
+    for bound in (False, True):
+        idea = sealed_dir / f"idea-{bound}.yaml"
+        text = (sealed_dir / "idea.yaml").read_text()
+        idea.write_text(text.replace("    artifact: results/predictions.txt\n", "    artifact: results/predictions.txt\n"
+                                     "    criteria: [C1]\n") if bound else text)
+        s = Session.open(tmp_path / f"ws-{bound}", idea, "scripted")
+        try:
+            (s.ws.root / "results").mkdir()
+            write(s, "planning.md", "# Plan\n")
+            planned(s)
+            s.state.plan.checks = [CriterionCheck(id="C1", metric="acc", comparison=">=", threshold=0.7)]
+            write(s, "src/predict.py", "open('results/predictions.txt', 'w').write('a b b x')\n"
+                                       "dev = 'a b b a'.split(); guess = 'a b b x'.split()\n"
+                                       "import json; json.dump({'acc': sum(a == b for a, b in zip(dev, guess)) / 4},"
+                                       " open('results/m0.json', 'w'))\n")
+            assert "SUCCESS" in call(s, "experiments", "run_experiment", command="python3 src/predict.py",
+                                     purpose="predict", run_id="R1", metrics_file="results/m0.json").content
+            done = call(s, "experiments", "complete_phase", summary="done", sections={"experiment_results": "R1 wrote the predictions"},
+                        deviations=[{"id": "R2", "reason": "R1 covers it"}],
+                        claims=[{"id": "K1", "statement": "dev accuracy", "metric": "acc", "attempts": [1],
+                                 "value": 0.75, "criterion": "C1"}],
+                        criteria=[{"id": c, "status": "unmet", "note": "not judged"} for c in ("C2", "C3")])
+            assert not done.is_error, done.content
+            score_sealed(s)
+            (claim,), verdicts = results(s)
+            if not bound:  # shown beside, but the agent's name decides
+                assert claim.sealed is None and claim.scored == "accuracy=0.5" and verdicts[0].verdict == "met"
+            else:
+                assert claim.contradicted and (verdicts[0].verdict, verdicts[0].by) == ("unmet", "engine, by the sealed score")
+        finally:
+            s.close()
 
 
 def test_the_scorers_log_is_kept_where_no_tool_of_the_agents_reaches(session, monkeypatch):
