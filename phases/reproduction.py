@@ -16,9 +16,10 @@ the attempts it cites and its baseline's), and records whether its metrics came 
   made anew (not the session's `.labrun/cache/`, where the agent's runs could have left a
   result to replay); the workspace itself is out of its reach. The metrics file it writes is
   read without following a link.
-- **Compared within a stated tolerance**: each metric the attempt recorded, as numbers within
-  a relative difference of `constraints.reproduce_tolerance` (0.001 unless set), anything
-  else exactly.
+- **Compared within a stated tolerance**: each metric a claim cites (every metric the attempt
+  recorded, when none does), as numbers within a relative difference of
+  `constraints.reproduce_tolerance` (0.001 unless set), anything else exactly; the others
+  that differ (a run time) are said, not counted.
   - REPRODUCED: every metric matches;
   - DIVERGED: a metric differs or is missing, or the rerun failed;
   - SKIPPED: it could not be rerun (an input was not kept and has changed; the time bound
@@ -142,14 +143,20 @@ def rerun(session: Session, attempt: Attempt, left_s: float, tolerance: float) -
     except (OSError, ValueError) as e:  # Refused is a ValueError
         return Reproduction(status="DIVERGED", detail=f"the rerun wrote no readable {attempt.metrics_file} ({e})",
                             **recorded)
-    differences = compare(attempt.metrics, metrics, tolerance)
+    # judged on what the claims cite: a run time or a memory peak that differs is no divergence
+    claimed = {c.metric for c in session.state.plan.claims if attempt.n in c.attempts} | \
+        {c.compared_metric for c in session.state.plan.claims if attempt.n in c.baseline_attempts}
+    judged = {k: v for k, v in attempt.metrics.items() if k in claimed} if claimed else attempt.metrics
+    differences = compare(judged, metrics, tolerance)
+    others = compare({k: v for k, v in attempt.metrics.items() if k not in judged}, metrics, tolerance)
+    also = f"; no claim's, and differing: {'; '.join(others)}" if others else ""
     if differences:
-        return Reproduction(status="DIVERGED", detail="; ".join(differences), metrics=metrics, **recorded)
+        return Reproduction(status="DIVERGED", detail="; ".join(differences) + also, metrics=metrics, **recorded)
     for made in ("work", "tmp"):  # kept only when it differs, to look into
         clear(session, place / made)
     return Reproduction(status="REPRODUCED", metrics=metrics, **recorded,
-                        detail=f"{len(attempt.metrics)} metric{'s' * (len(attempt.metrics) != 1)} the same, "
-                               f"within a relative {tolerance:g}")
+                        detail=f"{len(judged)} metric{'s' * (len(judged) != 1)} the same, "
+                               f"within a relative {tolerance:g}" + also)
 
 
 def note_group(place: Path, pgid: int) -> None:

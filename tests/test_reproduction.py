@@ -87,7 +87,7 @@ def test_an_unseeded_draw_diverges_and_a_seeded_one_reproduces(session):
     assert again[unseeded].metrics != session.state.attempts[unseeded - 1].metrics
     state_md = session.ws.state_md.read_text()
     assert f"- Reproduction: **DIVERGED**, {again[unseeded].detail}" in state_md
-    assert "- Reproduction: **REPRODUCED**, 2 metrics the same, within a relative 0.001" in state_md
+    assert "- Reproduction: **REPRODUCED**, 1 metric the same, within a relative 0.001" in state_md  # the claimed one
     report = session_status(session.ws.root)
     assert {a["n"]: a["reproduction"]["status"] for a in report["attempts"]} == \
         {seeded: "REPRODUCED", unseeded: "DIVERGED"}
@@ -315,3 +315,16 @@ def test_a_rerun_cannot_link_its_metrics_to_the_attempts(session):
     assert left.is_symlink()  # the weak target: read through the link, the attempt's own numbers
     from labrun.tools import parse_metrics
     assert parse_metrics(left.read_text()) == session.state.attempts[n - 1].metrics
+
+
+def test_a_run_time_that_differs_is_said_and_the_claimed_metric_decides(session):
+    """A metrics file with the run's own wall time: the rerun's differs, and is said, but the
+    attempt (and its claim) stand on the metric the claim cites."""
+    planned(session)
+    timed = MEASURE.replace("json.dump({", "import time\njson.dump({'seconds': time.perf_counter() % 1 + 0.01, ")
+    n = attempt(session, timed, "R1", 0)
+    judged(session, {"C1": n})
+    reproduce(session)
+    again = session.state.attempts[n - 1].reproduction
+    assert again.status == "REPRODUCED", again
+    assert again.detail.startswith("1 metric the same") and "no claim's, and differing: seconds " in again.detail
