@@ -323,7 +323,7 @@ def test_a_run_time_that_differs_is_said_and_the_claimed_metric_decides(session)
     planned(session)
     timed = MEASURE.replace("json.dump({", "import time\njson.dump({'seconds': time.perf_counter() % 1 + 0.01, ")
     n = attempt(session, timed, "R1", 0)
-    judged(session, {"C1": n})
+    judged(session, {"C1": n, "C2": n, "C3": n})
     reproduce(session)
     again = session.state.attempts[n - 1].reproduction
     assert again.status == "REPRODUCED", again
