@@ -196,7 +196,7 @@ class Constraints(_Section):
     allowed_domains: list[Domain] | None = None
     """labrun's: the only domains agent commands may reach (each with its subdomains)."""
     reproduce_minutes: Annotated[float, BeforeValidator(_not_bool), Field(ge=0, le=1440, allow_inf_nan=False)] | None = None
-    """labrun's: how long the engine may spend rerunning the attempts that met criteria cite
+    """labrun's: how long the engine may spend rerunning the attempts behind the claims
     (60 unless set; 0 turns reproduction off)."""
     reproduce_tolerance: Annotated[float, BeforeValidator(_not_bool), Field(ge=0, lt=1)] | None = None
     """labrun's: the relative difference within which a rerun's metric counts as the same

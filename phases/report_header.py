@@ -102,9 +102,9 @@ def section(session: Session) -> str:
     lines = ["<!-- labrun:results -->", "## Results as the engine recorded them", "",
              "*Written by labrun from its own records (the attempts, their reruns, the sealed evaluation) "
              "each time a phase touches this report; an edit here is replaced.*", ""]
-    lines += [line.removeprefix("> ").removeprefix(">") for line in reproduction_lines(session)]
+    lines += reproduction_lines(session)
     if (sealed := sealed_line(session)) is not None:
-        lines += ["", sealed.removeprefix("> ")]
+        lines += ["", sealed]
     attempts = {a.n: a for a in session.state.live_attempts()}
     if standings:
         lines += ["", "| claim | value in the record | runs | reproduction | sealed score |", "|---|---|---|---|---|"]

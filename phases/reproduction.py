@@ -274,19 +274,19 @@ def compare(recorded: dict[str, Any], rerun: dict[str, Any], tolerance: float) -
 
 
 def reproduction_lines(session: Session) -> list[str]:
-    """REPORT.md's header on the reproduction."""
+    """REPORT.md's engine section on the reproduction."""
     minutes, tolerance = settings(session)
     rerun = [a for a in backing_attempts(session) if a.reproduction]
     if minutes == 0:
-        return ["> **Reproduction by the engine: turned off** (`constraints.reproduce_minutes: 0`); "
+        return ["**Reproduction by the engine: turned off** (`constraints.reproduce_minutes: 0`); "
                 "no result in this report was run again."]
     if not rerun:
-        return ["> **Reproduction by the engine:** no claim cites a successful attempt, so there was nothing "
+        return ["**Reproduction by the engine:** no claim cites a successful attempt, so there was nothing "
                 "to run again."]
     counts = {s: sum(a.reproduction.status == s for a in rerun) for s in ("REPRODUCED", "DIVERGED", "SKIPPED")}
     said = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
-    return [f"> **Reproduction by the engine: {said}.** The engine ran again each attempt behind a claim, "
+    return [f"**Reproduction by the engine: {said}.** The engine ran again each attempt behind a claim, "
             "in a fresh sandbox from the files as that attempt found them, and compared its "
-            f"metrics (relative tolerance {tolerance:g}).", ">",
-            *(f"> - attempt {a.n}{f' ({a.run_id})' if a.run_id else ''}: **{a.reproduction.status}**, "
+            f"metrics (relative tolerance {tolerance:g}).", "",
+            *(f"- attempt {a.n}{f' ({a.run_id})' if a.run_id else ''}: **{a.reproduction.status}**, "
               f"{a.reproduction.detail}" for a in rerun)]

@@ -16,7 +16,7 @@ and held-out data (`labrun.sealed`).
   run, and the session records REFUSED, saying which.
 - **Recorded** once per artifact (its digest): SCORED with the scores, FAILED with why
   (no artifact, a link, the scorer failed, no score file), or REFUSED; in STATE.md,
-  `status --json`, the UI's STATE.md artifact, and REPORT.md's header.
+  `status --json`, the UI's STATE.md artifact, and REPORT.md's engine section.
 - **Durable**: a Prefect subtask cached by session and artifact digest, committed eagerly;
   a kill during it scores again on resume.
 """
@@ -147,11 +147,11 @@ def run_scorer(sealed: Sealed, root: Path, place: Path) -> SealedScore:
 
 
 def sealed_line(session: Session) -> str | None:
-    """REPORT.md's header line on the sealed evaluation (None when the idea names none)."""
+    """REPORT.md's engine section's line on the sealed evaluation (None when the idea names none)."""
     sealed = session.state.sealed
     if sealed is None:
         return None
     if sealed.score is None:
-        return "> **Sealed evaluation:** not scored (the experiments did not complete)."
-    return (f"> **Sealed evaluation: {sealed.score.status}**, by the engine with the idea's scorer and "
+        return "**Sealed evaluation:** not scored (the experiments did not complete)."
+    return (f"**Sealed evaluation: {sealed.score.status}**, by the engine with the idea's scorer and "
             f"held-out data, which the agent never saw: {sealed.score.detail}")

@@ -557,7 +557,7 @@ def best_of_five_seeds(study):
 
 
 @case("cheat", "the best of five seeds, the others set aside: each set-aside is shown with its reason",
-      shown=lambda o, study: sum(f"set aside by the agent: smoke test" in line for line in o.section.splitlines()) == 4)
+      shown=lambda o, study: sum("set aside by the agent: smoke test" in line for line in o.section.splitlines()) == 4)
 def best_of_five_seeds_set_aside(study):
     return best_of_five(study, aside=True)
 
