@@ -10,8 +10,8 @@ metric, attempts of the same run left out without a reason, a comparison the num
 
 A **criterion check** is what planning may give for a criterion: a metric, a comparison and a
 threshold. For such a criterion the engine decides the verdict from the claims on it (or from
-the sealed score, where one has that metric's name); other criteria keep the agent's verdict,
-shown as its judgement. Reproduction and the sealed evaluation then confirm, leave unconfirmed
+the sealed score, where it scores what their attempts made); other criteria keep the agent's
+verdict, shown as its judgement. Reproduction and the sealed evaluation then confirm, leave unconfirmed
 or contradict each claim (`standing`).
 
 Everything here is pure: the phases' rules refuse with it, REPORT.md's engine section and the
@@ -37,7 +37,8 @@ class SetAside(BaseModel):
 
 class Claim(BaseModel):
     id: str = Field(pattern=r"^[A-Za-z][\w.-]*$", max_length=MAX_ID_CHARS,
-                    description="Short id, unique in the session: K1, K2, … (a later claim with the same id replaces it).")
+                    description="Short id, unique in the session: K1, K2, … (the phase's later claim with the same id "
+                    "replaces it).")
     statement: str = Field(min_length=1, description="The finding, in one sentence.")
     metric: str = Field(min_length=1, description="The metric's name, as the attempts' metrics files record it.")
     attempts: list[int] = Field(min_length=1, description="The attempts (#n) whose records hold the value.")
@@ -52,12 +53,12 @@ class Claim(BaseModel):
     direction: Literal["higher", "lower"] | None = Field(default=None, description="For a comparison: the claim's "
                                                          "value (the method's own number, not the difference) is "
                                                          "higher or lower than the baseline's.")
+    set_aside: list[SetAside] = Field(default_factory=list, description="Attempts of the same runs that recorded "
+                                      "this metric and are not cited, each with the reason.")
 
     @property
     def compared_metric(self) -> str:
         return self.baseline_metric or self.metric
-    set_aside: list[SetAside] = Field(default_factory=list, description="Attempts of the same runs that recorded "
-                                      "this metric and are not cited, each with the reason.")
 
 
 class CriterionCheck(BaseModel):
@@ -101,18 +102,18 @@ def measured(attempt: Any, metric: str, evidence: Any) -> float | None:
 def held(stated: float | str, recorded: float) -> bool:
     """The stated value is the recorded one, rounded at the precision it is written with (2
     significant digits at least), or the same as a percentage (a text ending in % is one)."""
-    number, places, percent = written(stated)
+    value, places, percent = written(stated)
     for scale in ((100.0,) if percent else (1.0, 100.0, 0.01)):
         target = recorded * scale
-        if math.isclose(number, target, rel_tol=1e-9, abs_tol=1e-15):
+        if math.isclose(value, target, rel_tol=1e-9, abs_tol=1e-15):
             return True  # as the record holds it, however few its digits
         if target == 0:
             continue
-        if abs(number - target) <= 0.5 * 10 ** -places + 1e-12 * abs(target) and _significant(target, places) >= 2:
+        if abs(value - target) <= 0.5 * 10 ** -places + 1e-12 * abs(target) and _significant(target, places) >= 2:
             return True
         # a number's trailing zeros are lost in JSON: 0.90 arrives as 0.9, held by 0.8988 at 2 digits
         two = 1 - int(math.floor(math.log10(abs(target))))
-        if places < two and math.isclose(number, round(target, two), rel_tol=1e-9, abs_tol=1e-15):
+        if places < two and math.isclose(value, round(target, two), rel_tol=1e-9, abs_tol=1e-15):
             return True
     return False
 
@@ -124,11 +125,11 @@ def written(value: float | str) -> tuple[float, int, bool]:
     percent = text.endswith("%")
     mantissa, _, exponent = text.rstrip("%").strip().lower().partition("e")
     try:
-        number = float(text.rstrip("%"))
+        parsed = float(text.rstrip("%"))
     except ValueError:
         raise ValueError(f"value {value!r} is not a number") from None
     decimals = len(mantissa.partition(".")[2]) if isinstance(value, str) else len(mantissa.partition(".")[2].rstrip("0"))
-    return number, max(0, decimals - int(exponent or 0)), percent
+    return parsed, max(0, decimals - int(exponent or 0)), percent
 
 
 def _significant(target: float, places: int) -> int:

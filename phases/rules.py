@@ -310,6 +310,15 @@ class Compiled:
                 "after the paper's last edit")
 
 
+def sealed_criteria(idea_text: str) -> list[str]:
+    """The criteria the idea's sealed evaluation decides (its copy in the workspace names them)."""
+    try:
+        idea = yaml.safe_load(idea_text) or {}
+        return list(((idea.get("idea") or idea).get("sealed_evaluation") or {}).get("criteria") or ())
+    except (yaml.YAMLError, AttributeError):
+        return []
+
+
 def _clip(text: str, limit: int = 60) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -354,6 +363,8 @@ class RunList:
         found += [f"criterion_checks: {i} is given twice" for i in sorted(set(checked)) if checked.count(i) > 1]
         found += [f"criterion_checks: {c.id} compares `between` and needs `upper`, above its threshold"
                   for c in plan.checks if c.comparison == "between" and (c.upper is None or c.upper < c.threshold)]
+        found += [f"criterion_checks: {c} is decided by the sealed evaluation (the idea says so): give its check, "
+                  "on the score the scorer reports" for c in sealed_criteria(work.idea_text()) if plan.check(c) is None]
         for c in plan.criteria:
             if c.status != "unmet" and not any(c.id in r.criteria for r in plan.runs):
                 found.append(f"criterion {c.id} (\"{_clip(c.text)}\") served by a run of the run_list, "

@@ -49,10 +49,10 @@ def write(session, path: str, text: str) -> None:
     (session.ws.root / path).write_text(text)
 
 
-def planned(session, runs=RUNS):
+def planned(session, runs=RUNS, checks=None):
     write(session, "planning.md", "# Plan\n\n" + PLAN)
     done = call(session, "planning", "complete_phase", summary="planned", sections={"research_specification": SPEC},
-                run_list=runs, analysis_outputs=["results/m0.json"])
+                run_list=runs, analysis_outputs=["results/m0.json"], **({"criterion_checks": checks} if checks else {}))
     assert not done.is_error, done.content
 
 

@@ -23,7 +23,6 @@ import pytest
 from support import DEMO_IDEA, labrun, wait_for
 from test_rule_gaming import call, planned, write
 
-from labrun.claims import CriterionCheck
 from labrun.idea import IdeaError
 from labrun.phases.report_header import stamp_report
 from labrun.phases import sealed_scoring
@@ -161,9 +160,10 @@ def test_a_criterion_the_idea_binds_to_the_sealed_score_is_decided_by_it_whateve
         s = Session.open(tmp_path / f"ws-{bound}", idea, "scripted")
         try:
             (s.ws.root / "results").mkdir()
-            write(s, "planning.md", "# Plan\n")
-            planned(s)
-            s.state.plan.checks = [CriterionCheck(id="C1", metric="acc", comparison=">=", threshold=0.7)]
+            if bound:  # the idea says the sealed score decides C1: planning must give C1 a check
+                with pytest.raises(AssertionError, match="criterion_checks: C1 is decided by the sealed evaluation"):
+                    planned(s)
+            planned(s, checks=[{"id": "C1", "metric": "acc", "comparison": ">=", "threshold": 0.7}])
             write(s, "src/predict.py", "open('results/predictions.txt', 'w').write('a b b x')\n"
                                        "dev = 'a b b a'.split(); guess = 'a b b x'.split()\n"
                                        "import json; json.dump({'acc': sum(a == b for a, b in zip(dev, guess)) / 4},"
