@@ -41,6 +41,18 @@ def phase_of(body: dict[str, Any]) -> str:
     return found.group(2)
 
 
+def claims(body: dict[str, Any] | None) -> dict[str, Any]:
+    """The slope as the successful attempts the model was told of recorded it (their tool
+    results, in whichever API's format the body is), as `complete_phase`'s claims."""
+    said = json.dumps(body or {})
+    ran = {int(n): float(v) for n, v in re.findall(r"Attempt (\d+): SUCCESS.{0,600}?Metrics: .{0,200}?\bslope=(-?[\d.]+)",
+                                                   said)}
+    if not ran:
+        return {}
+    return {"claims": [{"id": "K1", "statement": "The fitted log-log slope of RMSE against k", "metric": "slope",
+                        "attempts": sorted(ran), "value": round(sum(ran.values()) / len(ran), 6)}]}
+
+
 def succeeded(body: dict[str, Any]) -> list[str]:
     """The names of the tool calls in the conversation that succeeded, oldest first."""
     names, done = {}, []
@@ -111,7 +123,7 @@ class ClaudeResearcher:
         self.slow_experiment_s = slow_experiment_s
         self._lock = threading.Lock()
 
-    def steps(self, phase: str) -> list[tuple[str, dict[str, Any]]]:
+    def steps(self, phase: str, body: dict[str, Any] | None = None) -> list[tuple[str, dict[str, Any]]]:
         def done(summary: str, parts: dict[str, Any] | None = None, **sections: str) -> tuple[str, dict[str, Any]]:
             return MCP + "complete_phase", {"summary": summary, "sections": sections, **(parts or {})}
 
@@ -146,7 +158,7 @@ class ClaudeResearcher:
                 (MCP + "run_experiment", {"command": command, "purpose": "measure the log-log slope", "run_id": "R1",
                                           "outputs": ["results/metrics.json"],
                                           "metrics_file": "results/metrics.json"}),
-                done("Ran the experiment.", experiment_results="See results/metrics.json (slope near -0.5)."),
+                done("Ran the experiment.", claims(body), experiment_results="See results/metrics.json (slope near -0.5)."),
             ],
             "analysis": [
                 ("Bash", {"command": "cat results/metrics.json", "description": "read the metrics"}),
@@ -163,7 +175,7 @@ class ClaudeResearcher:
 
     def __call__(self, body: dict[str, Any]) -> dict[str, Any]:
         phase = phase_of(body)
-        steps = self.steps(phase)
+        steps = self.steps(phase, body)
         done = succeeded(body)
         step = 0
         for name in done:  # each success of the next step's tool moves on by one

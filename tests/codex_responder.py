@@ -94,7 +94,7 @@ class CodexResearcher:
 
     def __call__(self, body: dict[str, Any]) -> dict[str, Any]:
         phase = self.phase_of(body)
-        steps = self.plan.steps(phase)
+        steps = self.plan.steps(phase, body)
         step = 0
         for name in self.succeeded(body):  # each success of the next step's tool moves on by one
             if step < len(steps) and name == steps[step][0]:
