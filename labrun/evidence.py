@@ -12,7 +12,10 @@ evidence when:
   runs nothing);
 - **it did not write its metrics file** (the file was there before it ran, as it is: typed
   with the editor);
-- **its metrics file is a copy**: the same bytes as a file there before it ran.
+- **a program of the command other than the workspace's code writes its metrics file**
+  (`printf ... > m.json`, `cp x m.json`; a `tee` fed by the workspace's code is its output);
+- **its metrics file is a copy**: the same bytes as a file there before it ran, which the
+  command or the code it ran names (two seeds of a deterministic study may agree).
 
 And one metric is not measured (`echoed`, kept on the attempt too) when **its value is written
 in the command** (a number with a decimal point: `--lr 0.001` echoed as a metric is a setting)
@@ -322,8 +325,14 @@ def inline_code(command: str) -> str | None:
     """Code the command line gives an interpreter itself, not as a file of the workspace
     (`python -c`, `perl -e`, a here-document, code piped in): what it computes has no source
     the engine keeps, so its numbers measure nothing. None when there is none."""
-    if re.search(r"<<", command):
-        return "a here-document"
+    for line in command.splitlines():  # a here-document is code when an interpreter reads it
+        head = line.partition("<<")[0] if "<<" in line else None
+        if head is not None:
+            words = [w for w in re.split(r"[\s;&|()]+", head) if w and not ASSIGNMENT.match(w)]
+            program = posixpath.basename(words[-1] if words and not words[-1].startswith("-") else
+                                         next((w for w in reversed(words) if not w.startswith("-")), ""))
+            if PYTHON.fullmatch(program) or program in SCRIPT_RUNNERS and program not in ("source", "."):
+                return "a here-document"
     for words, stdin in _simple_commands(command):
         while words and (ASSIGNMENT.match(words[0]) or posixpath.basename(words[0]) in WRAPPERS
                          or words[0].startswith("-") or words[0].replace(".", "").isdigit()):
@@ -371,11 +380,66 @@ def unmeasured(attempt: Any, record: Mapping[str, Any], read_text: Callable[[str
         return None
     if name not in (record.get("wrote") or ()):
         return f"it did not write {name}: that file holds what it held before the attempt ran"
+    if writer := shell_writer(attempt.command, name, before, root):
+        return f"{name} is written by `{writer}` in the command, not by the code of the workspace"
     digest = (record.get("after") or {}).get(name)
-    # written again as it was (a deterministic rerun) is no copy; else the same bytes as another file are
-    copied = [] if before.get(name) == digest else [rel for rel, d in before.items() if d == digest]
-    if copied:
+    # a copy: the same bytes as a file that was there, which the command or its code names (the
+    # same result twice, from two seeds of a deterministic study, is no copy)
+    texts = [attempt.command, *(read_text(f) or "" for f in ran)]
+    copied = [rel for rel, d in before.items() if d == digest and rel != name
+              and any(posixpath.basename(rel) in t for t in texts)]
+    if copied and before.get(name) != digest:  # written again as it was: a deterministic rerun
         return f"{name} is a copy of {copied[0]}, which was there before it ran"
+    return None
+
+
+WRITERS = frozenset(("tee", "cp", "mv", "dd", "install", "ln", "sed", "awk", "gawk", "jq", "printf", "echo", "cat",
+                     "base64", "xxd", "perl", "tr", "head", "tail", "sort", "uniq", "paste", "cut", "rsync"))
+"""Programs that write a file the shell names, from what they are given rather than compute."""
+
+
+def shell_writer(command: str, name: str, before: Mapping[str, str], root: str | Path | None = None) -> str | None:
+    """The program of the command line, other than code of the workspace, that writes the
+    metrics file `name` (`printf ... > m.json`, `awk ... > m.json`, `cp x m.json`); a `tee`
+    or `cat` fed by a pipe from the workspace's code writes what that code printed. None when
+    no such program writes it."""
+    lex = shlex.shlex(command, posix=True, punctuation_chars=";&|<>()\n")
+    lex.whitespace, lex.commenters, lex.whitespace_split = " \t\r", "", True
+    try:
+        tokens = list(lex)
+    except ValueError:
+        return None
+    target = name.removeprefix("./")
+    commands: list[tuple[list[str], list[str], bool]] = []  # (words, redirect targets, fed by a pipe)
+    words: list[str] = []
+    targets: list[str] = []
+    piped = False
+    for i, token in enumerate(tokens):
+        if token.strip(";&|<>()\n") == "" and token:
+            if ">" in token and i + 1 < len(tokens):
+                targets.append(tokens[i + 1])
+            elif token not in ("<", "<<", "<<<") and (">" not in token):
+                commands.append((words, targets, piped))
+                words, targets, piped = [], [], token == "|"
+            continue
+        if i > 0 and ">" in tokens[i - 1] and tokens[i - 1].strip(";&|<>()\n") == "":
+            continue  # a redirection's target, not a word
+        words.append(token)
+    commands.append((words, targets, piped))
+    for k, (words, targets, piped) in enumerate(commands):
+        while words and ASSIGNMENT.match(words[0]):
+            words = words[1:]
+        if not words:
+            continue
+        program = posixpath.basename(words[0])
+        writes = any(t.removeprefix("./") == target for t in targets) or \
+            (program in WRITERS and any(w.removeprefix("./") == target or w.endswith("/" + target) for w in words[1:]))
+        if not writes or code_run(shlex.join(words), before, root):
+            continue
+        fed = piped and k > 0 and code_run(shlex.join(commands[k - 1][0]), before, root)
+        if program in ("tee", "cat") and fed:
+            continue  # what the workspace's code printed
+        return program
     return None
 
 
@@ -390,6 +454,7 @@ def echoed(attempt: Any, record: Mapping[str, Any], read_text: Callable[[str], s
     ran = set(code_run(attempt.command, before, root))
     for rel in before:
         if (is_source(rel) or rel in ran) and (text := read_text(rel)):
+            text = re.sub(r"(?<=\d)_(?=\d)", "", text)  # 0.501_3 is 0.5013
             written[rel] = {abs(float(n)) for n in NUMBER.findall(text)}
     found = {}
     for key, value in attempt.metrics.items():

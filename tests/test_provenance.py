@@ -195,10 +195,26 @@ def test_a_copied_metrics_file_is_no_measurement(session, prefect_api):
     copy, said = attempt(session, "python3 src/measure.py 0 /tmp/m.json && cp results/m0.json results/m1.json",
                          metrics_file="results/m1.json", run_id="R2")
     assert OLD(copy.command, session.attempt_files(copy.n)["before"])
-    assert copy.unmeasured == "results/m1.json is a copy of results/m0.json, which was there before it ran"
+    assert copy.unmeasured == "results/m1.json is written by `cp` in the command, not by the code of the workspace"
     assert "Not evidence" in said
     assert evidence(session).measured(copy) == {} and evidence(session).measured(first)
     refused(met(session, copy.n, run="R2"), f"claims: K1 cites #{copy.n}, whose record holds no measured slope")
+    # the copy made by code of the workspace, which names the file it copies
+    write(session, "src/keep.py", "import shutil\nshutil.copy('results/m0.json', 'results/m2.json')\n")
+    kept, _ = attempt(session, "python3 src/keep.py", metrics_file="results/m2.json", run_id="R2", fix_applied="x")
+    assert kept.unmeasured == "results/m2.json is a copy of results/m0.json, which was there before it ran"
+    # the shell writing it from a value it was given, after the workspace's code ran
+    printed, _ = attempt(session, "python3 src/measure.py 0 /tmp/m.json && printf '{\"slope\": -0.%s}' 4993 > "
+                         "results/m3.json", metrics_file="results/m3.json", run_id="R2")
+    assert printed.unmeasured == "results/m3.json is written by `printf` in the command, not by the code of the workspace"
+
+
+def test_the_same_result_from_two_seeds_of_a_deterministic_study_is_no_copy(session, prefect_api):
+    planned(session)
+    write(session, "src/exact.py", "import json, sys\njson.dump({'accuracy': 1.0}, open(sys.argv[1], 'w'))\n")
+    attempt(session, "python3 src/exact.py results/s0.json", metrics_file="results/s0.json", run_id="R1")
+    again, said = attempt(session, "python3 src/exact.py results/s1.json", metrics_file="results/s1.json", run_id="R2")
+    assert again.unmeasured is None and "Not evidence" not in said, said
 
 
 def test_a_script_that_is_not_the_code_named_is_no_measurement(session, prefect_api):
