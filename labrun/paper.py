@@ -41,6 +41,7 @@ RESULTS_COMMANDS = "\n".join([
     r"\newcommand{\labrunvalue}[1]{\@ifundefined{labrun@value@#1}{\textbf{??}}{\@nameuse{labrun@value@#1}}}",
     r"\newcommand{\labrunverdict}[1]{\@ifundefined{labrun@verdict@#1}{\textbf{??}}{\@nameuse{labrun@verdict@#1}}}",
     r"\makeatother", ""])
+NO_RESULTS = "\\newcommand{\\labrunresults}{}\n"
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ def setup(session: "Session") -> dict[str, Any]:
             pass  # a link or a folder in the way: the paper's rule says what is missing
     try:
         if files.lstat(RESULTS) is None:
-            files.write(RESULTS, RESULTS_COMMANDS + "\\newcommand{\\labrunresults}{}\n")
+            files.write(RESULTS, RESULTS_COMMANDS + NO_RESULTS)
     except (OSError, ValueError):
         pass
     return {"paper_style": style, "style_files": installed, "tex": latex.toolchain(),

@@ -449,7 +449,7 @@ def _read(t: _Text, latex: bool) -> list[Stated]:
     return found
 
 
-NUMBERS_ONLY = re.compile(r"[\s\d.,+\-\u2212\u2013\u2014\u00b1()\[\]~$\\{}%]*(?:\bto\b[\s\d.,+\-()\[\]~$%]*)?")
+NUMBERS_ONLY = re.compile(r"[\s\d.,+\-\u2212\u2013\u2014\u00b1()\[\]~$\\{}%*_]*(?:\bto\b[\s\d.,+\-()\[\]~$%*_]*)?")
 """A cell of numbers alone: one value, a range (`83.7–87.2`), a value with its interval."""
 
 
@@ -458,7 +458,8 @@ def _a_cell(text: str, k: "_Token", latex: bool) -> bool:
     label (`| seed 4 |`): only a table's values are in the unit its heading gives. (In LaTeX,
     `\\\\` is gone by now: a value cell follows a `&`.)"""
     if latex:  # the cell's first number follows its `&`; a range's second, the first
-        return re.search(r"&\s*\$?(?:[\d.,]+\$?\s*(?:--|\u2013|-|to)\s*\$?)?$", text[:k.shown]) is not None
+        return re.search(r"&\s*(?:\\(?:textbf|textit|emph|mathbf|underline)\s*\{)?\$?"
+                         r"(?:[\d.,]+\$?\s*(?:--|\u2013|-|to)\s*\$?)?$", text[:k.shown]) is not None
     before = max(text.rfind("|", 0, k.shown), text.rfind("\n", 0, k.shown))
     after = min((i for i in (text.find("|", k.end), text.find("\n", k.end)) if i >= 0), default=len(text))
     return NUMBERS_ONLY.fullmatch(text[before + 1:after].strip()) is not None

@@ -12,11 +12,12 @@ that no record holds are listed in the section, not refused (`labrun.prose_numbe
 from __future__ import annotations
 
 import itertools
+import posixpath
 import re
 import unicodedata
 from typing import Any
 
-from labrun import paper
+from labrun import latex, paper
 from labrun.crashpoints import crashpoint
 from labrun.claims import Standing, Verdict, standing, verdict, number
 from labrun.evidence import ENGINE_BLOCK, is_source
@@ -96,16 +97,20 @@ def _from(ns: list[int]) -> str:
     return f"#{ns[0]}" if len(ns) == 1 else "mean of " + ", ".join(f"#{n}" for n in ns)
 
 
-def section(session: Session) -> str:
-    """REPORT.md's engine section, markers included."""
+def section(session: Session, edited: bool = False) -> str:
+    """REPORT.md's engine section, markers included (`edited`: the paper's results file held
+    something else than the engine wrote)."""
     standings, verdicts = results(session)
     lines = ["<!-- labrun:results -->", "## Results as the engine recorded them", "",
              "*Written by labrun from its own records (the attempts, their reruns, the sealed evaluation) "
              "each time a phase touches this report; an edit here is replaced.*", ""]
     lines += reproduction_lines(session)
-    if (sealed := sealed_line(session)) is not None:
-        lines += ["", sealed]
     attempts = {a.n: a for a in session.state.live_attempts()}
+    if (sealed := sealed_line(session)) is not None:
+        made = [n for n, a in attempts.items() if a.status == "SUCCESS" and session.state.sealed.artifact in
+                ((session.attempt_files(n) or {}).get("wrote") or ())]
+        lines += ["", sealed + ("" if made or not sealed_scores(session) else
+                               " (no successful attempt wrote the artifact: it was made outside the record)")]
     if standings:
         lines += ["", "| claim | value in the record | runs | reproduction | sealed score |", "|---|---|---|---|---|"]
         for s in standings:
@@ -125,10 +130,18 @@ def section(session: Session) -> str:
              for s in standings for a in s.claim.set_aside]
     notes += [f"- {cell(s.claim.id)}: the code its attempts ran has changed or gone since: {', '.join(s.code_changed)}"
               for s in standings if s.code_changed]
+    notes += others_of_runs([s.claim for s in standings], attempts)
+    if (negative := session.state.plan.negative_outcome) is not None:
+        ran = [f"#{a.n}" + (f" ({a.run_id})" if a.run_id else "") for a in attempts.values()
+               if a.phase == "experiments" and a.status == "SUCCESS"]
+        notes.append(f"- Negative outcome: {cell(negative)}" + (f"; successful attempts of the experiments all the same: "
+                                                             f"{', '.join(ran)}" if ran else ""))
     if notes:
         lines += ["", *notes]
     texts = write_up(session)
     imitations = [f"{name}:{n}" for name, text, _ in texts for n in imitating(text)]
+    imitations += [f"{paper.RESULTS}, edited since the engine wrote it (a PDF compiled from it may show other values)"] \
+        if edited else []
     if imitations:
         lines += ["", f"**Imitations of this section in the agent's text** (not the engine's): {', '.join(imitations)}."]
     listed = unrecorded_numbers(texts, record(session, standings))
@@ -136,6 +149,20 @@ def section(session: Session) -> str:
         shown = "; ".join(listed[:MAX_LISTED]) + (f"; and {len(listed) - MAX_LISTED} more" if len(listed) > MAX_LISTED else "")
         lines += ["", f"**Numbers not in any attempt's record** (the agent's own, not vouched for): {shown}."]
     return "\n".join([*lines, "<!-- /labrun:results -->"]) + "\n\n"
+
+
+def others_of_runs(claims: list, attempts: dict) -> list[str]:
+    """For each run a claim cites, its attempts in any phase that no claim cites or sets
+    aside, failed ones with their error: every try of a run counts, not the ones picked."""
+    cited = {n for c in claims for n in (*c.attempts, *c.baseline_attempts, *(a.attempt for a in c.set_aside))}
+    runs = {attempts[n].run_id for c in claims for n in (*c.attempts, *c.baseline_attempts) if n in attempts} - {None}
+    found = []
+    for run in sorted(runs):
+        left = [a for n, a in attempts.items() if a.run_id == run and n not in cited and a.status in ("SUCCESS", "FAILED")]
+        if left:
+            said = "; ".join(f"#{a.n} {a.status}" + (f" ({cell(a.error)})" if a.error else "") for a in left)
+            found.append(f"- Run {cell(run)} also has attempts no claim cites: {said}")
+    return found
 
 
 def record(session: Session, standings: list[Standing]) -> Record:
@@ -168,17 +195,35 @@ def write_up(session: Session) -> list[tuple[str, str, bool]]:
     files = session.ws.files
     names = [(n, False) for n in ("REPORT.md", "README.md")]
     if files.is_dir(paper.FOLDER):
-        names += [(rel, True) for rel, _ in sorted(files.files(paper.FOLDER)) if rel.endswith(".tex") and rel != paper.RESULTS]
+        names += [(rel, True) for rel in paper_sources(session) if rel != paper.RESULTS]
     texts = []
-    for name, latex in names:
+    for name, is_tex in names:
         try:
             text = files.read_text(name, errors="replace")
         except (OSError, ValueError):
             continue
         if name == "REPORT.md":
             text = ENGINE_BLOCK.sub(lambda m: "\n" * m.group(0).count("\n"), text)
-        texts.append((name, text.replace("<!-- labrun:", "<!-- "), latex))
+        texts.append((name, text.replace("<!-- labrun:", "<!-- "), is_tex))
     return texts
+
+
+def paper_sources(session: Session) -> list[str]:
+    """The paper's `.tex` files, and those its main file inputs from elsewhere in the workspace."""
+    files = session.ws.files
+    found = [rel for rel, _ in sorted(files.files(paper.FOLDER)) if rel.endswith(".tex")]
+    queue = [paper.MAIN] if paper.MAIN in found else []
+    while queue and len(found) < 200:
+        try:
+            text = latex.uncommented(files.read_text(queue.pop(0), errors="replace"))
+        except (OSError, ValueError):
+            continue
+        for name in latex.inputs(text):
+            rel = posixpath.normpath(posixpath.join(paper.FOLDER, name if name.endswith(".tex") else f"{name}.tex"))
+            if not rel.startswith("..") and rel not in found and files.is_file(rel):
+                found.append(rel)
+                queue.append(rel)
+    return found
 
 
 IMITATION = re.compile(r"results as the engine recorded them|labrun:\s*results|numbers not in any attempt|"
@@ -203,14 +248,14 @@ def stamp_report(session: Session) -> None:
     """REPORT.md begins with the engine's section, after its title when it has one; any
     earlier `labrun:` block is removed. The paper's results file is rewritten with it."""
     files = session.ws.files
-    write_paper_results(session)
+    edited = write_paper_results(session)
     try:
         text = ENGINE_BLOCK.sub("", files.read_text("REPORT.md", errors="replace")).lstrip("\n")
     except (OSError, ValueError):  # none, or not a file the engine reads (a link, a FIFO, too big)
         return
     title, rest = (text.split("\n", 1) + [""])[:2] if text.startswith("# ") else ("", text)
     head = f"{title}\n\n" if title else ""
-    rendered = section(session)
+    rendered = section(session, edited)
     crashpoint("rendering")  # a kill before the write: the phase's engine steps run again on resume
     session.ws.write("REPORT.md", head + rendered + rest.lstrip("\n"))
 
@@ -241,11 +286,18 @@ def paper_results(session: Session) -> str:
     return paper.RESULTS_COMMANDS + "\n".join(lines)
 
 
-def write_paper_results(session: Session) -> None:
-    """The paper's `labrun_results.tex`, when the session writes a paper."""
+def write_paper_results(session: Session) -> bool:
+    """The paper's `labrun_results.tex`, when the session writes a paper; True when it held
+    something else than the engine writes now or wrote at the paper's start (an edit)."""
     if "paper" not in session.state.phases:
-        return
+        return False
+    text = paper_results(session)
     try:
-        session.ws.write(paper.RESULTS, paper_results(session))
+        was = session.ws.files.read_text(paper.RESULTS, errors="replace")
+    except (OSError, ValueError):
+        was = None
+    try:
+        session.ws.write(paper.RESULTS, text)
     except (OSError, ValueError):
         pass  # a folder of the agent's in the way: the paper's rule says its input is missing
+    return was is not None and was not in (text, paper.RESULTS_COMMANDS + paper.NO_RESULTS)

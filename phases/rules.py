@@ -401,10 +401,18 @@ class PlannedRunsDone:
         found = [f"deviations: {d.id} is not a run of the run list ({', '.join(ids) or 'it is empty'})"
                  for d in _given(work, "deviations") if d.id not in ids]
         if plan.negative_outcome:
-            done = [r for r in coverage(plan, work.attempts) if r.state == "done"]
-            found += [f"negative_outcome: run {r.run.id} succeeded ({', '.join(f'#{n}' for n in r.succeeded)}); a "
-                      "result that does not support the hypothesis is a result: hand it over as claims, with the "
-                      "criteria it leaves unmet, instead of a negative outcome" for r in done]
+            # the primary run's success is a result, not a failure; another run's is one to hand over
+            runs = coverage(plan, work.attempts)
+            cited = {n for c in plan.claims for n in (*c.attempts, *c.baseline_attempts)}
+            for i, r in enumerate(runs):
+                tried = ', '.join(f'#{n}' for n in r.succeeded)
+                if r.state == "done" and i == 0:
+                    found.append(f"negative_outcome: run {r.run.id}, the primary run, succeeded ({tried}); a result "
+                                 "that does not support the hypothesis is a result: hand it over as claims, with the "
+                                 "criteria it leaves unmet, instead of a negative outcome")
+                elif r.state == "done" and not cited & set(r.succeeded):
+                    found.append(f"claims: run {r.run.id} succeeded ({tried}) beside the negative outcome: hand its "
+                                 "result over as a claim")
             return found + self.honest_effort_missing(work)
         if not plan.runs:
             if not any(a.status == "SUCCESS" for a in work.attempts):
