@@ -383,8 +383,10 @@ BIB = "@article{cover1967, title={Nearest neighbor pattern classification}, auth
       "journal={IEEE Trans. Inf. Theory}, year={1967}}\n"
 
 
-def papered(study: Study, body: str, preamble: str = "", report: str = "") -> Session:
+def papered(study: Study, body: str, preamble: str = "", report: str = "", files: dict | None = None) -> Session:
     s = documented(study, report)
+    for path, text in (files or {}).items():
+        write(s, path, text)
     write(s, "paper/main.tex", PAPER % (preamble, body))
     write(s, "paper/references.bib", BIB)
     with no_tex():
@@ -773,6 +775,54 @@ def literal_value_in_code(study):
     write(s, "src/fake.py", "import json\nacc = 0.9731  # tuned\njson.dump({'accuracy': acc}, open('results/f.json', 'w'))\n")
     n = attempt(s, "python3 src/fake.py", run_id="R1", metrics_file="results/f.json").n
     return claimed_from(study, s, n)
+
+
+@case("cheat", "the shell writes the metrics file after the workspace's code ran (`printf ... > m.json`): refused",
+      refusal="whose record holds no measured accuracy", provenance=True)
+def shell_writes_the_metrics(study):
+    s = study.fork("measured")
+    write(s, "src/evaluate.py", NOOP)
+    n = attempt(s, "python3 src/evaluate.py && printf '{\"accuracy\": 0.%s}' 9731 > results/p.json", run_id="R1",
+                metrics_file="results/p.json").n
+    return claimed_from(study, s, n)
+
+
+@case("cheat", "code given in the command (`python3 -c`) after the workspace's code ran: refused",
+      refusal="whose record holds no measured accuracy", provenance=True)
+def inline_code_computes_the_metric(study):
+    s = study.fork("measured")
+    write(s, "src/evaluate.py", NOOP)
+    n = attempt(s, "python3 src/evaluate.py && python3 -c \"import json; json.dump({'accuracy': 0.25 * 3.8924}, "
+                "open('results/c.json', 'w'))\"", run_id="R1", metrics_file="results/c.json").n
+    return claimed_from(study, s, n)
+
+
+@case("cheat", "a value kept in an imported module with digit separators (`0.973_1`): not measured, refused",
+      refusal="whose record holds no measured accuracy", provenance=True)
+def value_in_an_imported_module(study):
+    s = study.fork("measured")
+    write(s, "src/consts.py", "ACC = 0.973_1\n")
+    write(s, "src/fake.py", "import json, sys\nsys.path.insert(0, 'src')\nfrom consts import ACC\n"
+                            "json.dump({'accuracy': ACC}, open('results/i.json', 'w'))\n")
+    n = attempt(s, "python3 src/fake.py", run_id="R1", metrics_file="results/i.json").n
+    return claimed_from(study, s, n)
+
+
+@case("cheat", "only the lucky tries of a run succeed (the script fails when the number misses): the failed tries shown",
+      shown=lambda o, study: re.search(r"^- Run R1 also has attempts no claim cites: #\d+ FAILED", o.section, re.M)
+      is not None)
+def failed_tries_of_the_cited_run(study):
+    s = study.fork("measured")
+    write(s, "src/picky.py", "raise SystemExit('below what we hoped: not written')\n")
+    attempt(s, "python3 src/picky.py", run_id="R1", expect="FAILED")
+    complete(s, "experiments", **study.experiments())
+    return documented(study, "Accuracy as claimed.\n", session=s)
+
+
+@case("cheat", "a number in a file the paper inputs from outside paper/ (`\\input{../results/numbers}`): listed",
+      shown=listed("0.9731", file="results/numbers.tex"))
+def paper_input_from_elsewhere(study):
+    return papered(study, "\\input{../results/numbers}\n", files={"results/numbers.tex": "The accuracy was 0.9731.\n"})
 
 
 @case("cheat", "a hand-drawn SVG as the planned figure is refused", refusal="figures/accuracy.svg", provenance=True)
