@@ -294,11 +294,14 @@ class AutoResearcher:
             metrics = re.search(r"^Metrics: (.*)$", succeeded[-1], flags=re.M).group(1)
             attempt = re.match(r"Attempt (\d+)", succeeded[-1]).group(1)
             slope = float(re.search(r"\bslope=(\S+?)(,|$)", metrics).group(1))
+            # an attempt an interruption hid from it, which the refusal names: the same run from seed 0
+            also = {int(n) for r in results for told in re.findall(r"attempts ([#\d, ]+) also measured slope", r)
+                    for n in re.findall(r"#(\d+)", told)}
             return "The run succeeded; recording the results.", [_call(
                 "complete_phase", summary=f"Attempt {attempt} succeeded: {metrics}.", sections={
                     "experiment_results": f"Attempt {attempt} (seed 0): {metrics}"},
                 claims=[{"id": "K1", "statement": "The fitted log-log slope of RMSE against k", "metric": "slope",
-                         "attempts": [int(attempt)], "value": slope}])]
+                         "attempts": sorted({int(attempt), *also}), "value": slope}])]
         cut_off = any("cut off" in r for r in results)
         command = COMMAND
         if self.slow_experiment_s and not cut_off:

@@ -223,7 +223,10 @@ def _r1_metrics(r: ModelRequest) -> tuple[list[int], dict[str, float]] | None:
     if not runs:
         return None
     names = set.intersection(*(set(m) for _, m in runs))
-    return [n for n, _ in runs], {k: round(sum(m[k] for _, m in runs) / len(runs), 6) for k in names}
+    # an attempt an interruption hid from it, which a refusal names: the same command, seed 0
+    hidden = {int(n) for text in _results(r.messages) for told in re.findall(r"attempts ([#\d, ]+) also measured", text)
+              for n in re.findall(r"#(\d+)", told)}
+    return sorted({n for n, _ in runs} | hidden), {k: round(sum(m[k] for _, m in runs) / len(runs), 6) for k in names}
 
 
 CHECKS = [{"id": "C1", "metric": "max_abs_slope_error", "comparison": "<=", "threshold": 0.05},
