@@ -153,7 +153,7 @@ def same_findings(report: str) -> str:
     rows = [line for line in (engine.group(0) if engine else "").splitlines() if re.match(r"\| (K|C)\d", line)]
     rows = [re.sub(r"\((?:mean of )?#[\d, #]+\)", "(#n)", row) for row in rows]
     prose = report.replace(engine.group(0), "") if engine else report
-    return re.sub(r"(?<=#)\d+|(?<=attempt )\d+", "n", prose) + "\n".join(rows)
+    return re.sub(r"(?<=#)\d+|(?<=attempt )\d+", "n", prose + "\n".join(rows))
 
 
 def check_after_kill(ws: Path, seen: dict, point: str, backend: Backend) -> None:
