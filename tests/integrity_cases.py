@@ -462,6 +462,22 @@ def invented_in_readme(study):
     return documented(study, "See README.md.\n", readme=README + "\n5-NN reaches 0.971 accuracy.\n")
 
 
+@case("cheat", "saturation: beside an honest per-item file of 2000 probabilities (which holds almost any 4-digit "
+      "number), an invented ECE and AUC are listed",
+      shown=listed("0.0374", "0.8374"))
+def invented_beside_a_per_item_file(study):
+    s = study.fork("analysed")
+    write(s, "src/probabilities.py", "import json, random\nrng = random.Random(3)\n"
+                                     "rows = [round(rng.random(), 4) for _ in range(2000)]\n"
+                                     "open('results/per_item.csv', 'w').write('\\n'.join(map(str, rows)))\n"
+                                     "json.dump({'n_items': len(rows)}, open('results/items.json', 'w'))\n")
+    attempt(s, "python3 src/probabilities.py", phase="analysis", outputs=["results/per_item.csv"],
+            metrics_file="results/items.json")
+    held = set((s.ws.root / "results/per_item.csv").read_text().split())
+    assert "0.0374" in held or "0.8374" in held or len(held) > 1500  # the file holds numbers of every kind
+    return documented(study, "The calibration error is ECE = 0.0374 and the AUC 0.8374.\n", session=s)
+
+
 @case("cheat", "an invented accuracy in the paper is listed", shown=listed("0.971", file="paper/main.tex"))
 def invented_in_paper(study):
     return papered(study, "5-NN reaches an accuracy of 0.971.")
