@@ -20,7 +20,7 @@ from terminal import Terminal
 from labrun.flows.session import research_session
 from labrun.session import Session
 
-SUMMARY = re.compile(r"Session complete · phases 6 of 6 done · attempts 2 \(1 failed\) · [\d.]+ min · "
+SUMMARY = re.compile(r"Session complete · phases 6 of 6 done · attempts 3 \(1 failed\) · [\d.]+ min · "
                      r"[\d,]+ tokens · \$0\.0000")
 RED, GREEN = "\x1b[31m", "\x1b[32m"
 

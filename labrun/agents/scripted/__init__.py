@@ -339,8 +339,10 @@ ATTEMPT = {"command": COMMAND, "run_id": "R1", "purpose": "RMSE per k and the lo
 
 
 def _attempts(system: str) -> list[tuple[int, str]]:
-    """(number, status) of each experiment attempt, from the STATE digest in the prompt."""
-    found = re.findall(r"^- #(\d+) \**(FAILED|SUCCESS|INTERRUPTED|RUNNING)\**", system, flags=re.M)
+    """(number, status) of each attempt of run R1 (its simulation, not the analysis's), from
+    the STATE digest in the prompt."""
+    found = re.findall(r"^- #(\d+) \**(FAILED|SUCCESS|INTERRUPTED|RUNNING)\**[^`\n]*`python3 src/experiment\.py",
+                       system, flags=re.M)
     return [(int(n), status) for n, status in found]
 
 
