@@ -275,7 +275,7 @@ def test_sessions_through_one_server_eight_at_once(load_server, tmp_path):
         if not status["session"]["complete"]:
             problems.append(f"{where}: session not complete")
         attempts = [(a["n"], a["status"]) for a in status["attempts"]]
-        if attempts != [(1, "FAILED"), (2, "SUCCESS")]:
+        if attempts != [(1, "FAILED"), (2, "SUCCESS"), (3, "SUCCESS")]:  # 3: the analysis's figures
             problems.append(f"{where}: attempts {attempts}")
 
         tasks = Counter(t.name for t in _task_runs(rid) if t.name in PHASE_TASKS)

@@ -54,7 +54,9 @@ def test_a_deployment_run_with_from_phase_reruns_from_it(prefect_server, worker,
     runs = {p["key"]: p["runs"] for p in after["phases"]}
     assert runs == {"planning": 1, "setup": 1, "implementation": 1, "experiments": 1,
                     "analysis": 2, "documentation": 1}
-    assert after["attempts"] == before["attempts"]  # analysis makes no attempt; experiments was reused
+    # experiments was reused; the analysis drew its figures again, in an attempt of branch 2
+    assert after["attempts"][:len(before["attempts"])] == before["attempts"]
+    assert [(a["phase"], a["branch"]) for a in after["attempts"][len(before["attempts"]):]] == [("analysis", 2)]
     assert (ws / ".labrun/branches/1/phases/analysis/conversation-001.jsonl").is_file()
 
     # The same run requested again (a deployment re-run with the same parameters) is the
