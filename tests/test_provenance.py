@@ -20,10 +20,9 @@ import pytest
 from auto_responder import PLAN
 from support import DEMO_IDEA
 from labrun.evidence import code_run, precise
-from labrun.phases import BY_KEY
-from labrun.phases.phase import toolbox
 from labrun.phases.rules import failure_kind, source_code
 from labrun.session import Session
+from test_rule_gaming import call, session  # noqa: F401  (the session fixture)
 
 RUNS = [{"id": "R1", "purpose": "the slope, both noises", "conditions": "sigma 0.5, k = 1..64, 300 trials",
          "seeds": [0], "criteria": ["C1", "C2", "C3"]},
@@ -53,18 +52,6 @@ def OLD(command: str, files) -> bool:
     names = {f.rsplit("/", 1)[-1] for f in files} | set(files)
     named = {m.group(0).lstrip("./") for m in SOURCE.finditer(command)}
     return any(n in names or n.rsplit("/", 1)[-1] in names or any(f.endswith("/" + n) for f in files) for n in named)
-
-
-@pytest.fixture
-def session(tmp_path):
-    s = Session.open(tmp_path / "ws", DEMO_IDEA, "scripted")
-    (s.ws.root / "results").mkdir()
-    yield s
-    s.close()
-
-
-def call(session, phase: str, tool: str, **inp):
-    return toolbox(session, BY_KEY[phase]).call(tool, inp)
 
 
 def write(session, path: str, text: str) -> None:
