@@ -220,9 +220,14 @@ def paper_sources(session: Session) -> list[str]:
             continue
         for name in latex.inputs(text):
             rel = posixpath.normpath(posixpath.join(paper.FOLDER, name if name.endswith(".tex") else f"{name}.tex"))
-            if not rel.startswith("..") and rel not in found and files.is_file(rel):
-                found.append(rel)
-                queue.append(rel)
+            if posixpath.isabs(rel) or rel.startswith("..") or rel in found:
+                continue  # outside the workspace: nothing the engine reads
+            try:
+                if files.is_file(rel):
+                    found.append(rel)
+                    queue.append(rel)
+            except ValueError:  # Refused: not a path the engine follows
+                continue
     return found
 
 

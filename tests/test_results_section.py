@@ -66,7 +66,7 @@ def test_the_papers_inputs_and_an_edit_of_its_results_file_are_shown(tmp_path, p
     try:
         assert not write_paper_results(s)  # the engine's own: nothing to say
         write(s, paper.MAIN, "\\documentclass{article}\\input{labrun_results}\\begin{document}"
-                             "\\input{../results/numbers}\\end{document}\n")
+                             "\\input{../results/numbers}\\input{/etc/hostname}\\input{../../outside}\\end{document}\n")
         write(s, "results/numbers.tex", "The accuracy was 0.8156.\n")  # outside paper/: still the paper's text
         write(s, paper.RESULTS, "\\newcommand{\\labrunvalue}[1]{0.99}\n")  # the agent's edit of the engine's file
         write(s, "REPORT.md", "# Report\n")
