@@ -640,8 +640,10 @@ def unmet_to_avoid_reruns(study):
 
 
 UNSEEDED = STUDY.replace("rng = random.Random(seed)", "rng = random.Random()").replace(
-    '"accuracy": sum(hits) / len(hits)', '"accuracy": sum(hits) / len(hits) + abs(test[0][0]) * 1e-6').replace(
-    '"n_test": len(hits)}', '"n_test": len(hits), "x0": test[0][0]}')  # its first draw: no rerun draws it again
+    '"accuracy": sum(hits) / len(hits)', '"accuracy": sum(hits) / len(hits) * 10 ** (6 * random.random())').replace(
+    '"n_test": len(hits)}', '"n_test": len(hits), "x0": test[0][0]}')
+# The accuracy carries a draw spread over six orders of magnitude: two runs agree within the relative
+# 0.001 the rerun allows about once in 7,000, where two draws of the data alone often agree.
 
 
 @case("cheat", "an unseeded script's claim: its rerun diverges, the claim and its verdict are unconfirmed",
