@@ -9,6 +9,7 @@ with a workspace of its own. Invalid ideas are reported and left out.
 
 from __future__ import annotations
 
+import inspect
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -16,25 +17,22 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from labrun.idea import IdeaError, load_idea
+from labrun.run_params import RunParams, flow_parameters
 from labrun.status import finished_and_intact
 from labrun.serving import SESSION_DEPLOYMENT
 from labrun.serving.submit import collect_ideas, flow_run_url, submit_session, workspace_for
 
 
 @flow(name="experiment-queue", log_prints=True, persist_result=False)
-def experiment_queue(
-    folder: str,
-    workspaces: str,
-    agent: str | None = None,
-    model: str | None = None,
-    deployment: str = SESSION_DEPLOYMENT,
-    with_phases: list[str] | None = None,
-    paper_style: str | None = None,
-    pass_env: list[str] | None = None,
-) -> list[dict[str, Any]]:
-    """`folder` and `workspaces` are paths on the worker (relative ones: from its working
-    directory, the clone); `with_phases`, `paper_style` and `pass_env` (names of keys for the
-    experiments) go to every new session."""
+@flow_parameters(before={
+    "folder": (str, inspect.Parameter.empty, "The folder of idea files, a path on the worker (a relative one: from its "
+               "working directory, the clone)."),
+    "workspaces": (str, inspect.Parameter.empty, "The folder under which each idea gets a workspace of its own."),
+    "deployment": (str, SESSION_DEPLOYMENT, "The session deployment each idea's run is a run of."),
+}, only=("agent", "model", "with_phases", "paper_style", "pass_env", "review_after"))
+def experiment_queue(folder: str, workspaces: str, deployment: str = SESSION_DEPLOYMENT,
+                     **session: Any) -> list[dict[str, Any]]:
+    """One session run per new idea file in `folder`; the session's parameters go to every new one."""
     log = get_run_logger()
     began = datetime.now(timezone.utc)
     source = Path(folder).resolve()
@@ -56,8 +54,8 @@ def experiment_queue(
         if (workspace / ".labrun" / "state.json").is_file() and finished_and_intact(workspace):
             continue  # done already (queued some other way)
         key = f"labrun-queue-{workspace.name}"
-        run = submit_session(path, workspace, agent, model, deployment, idempotency_key=key,
-                             with_phases=with_phases, paper_style=paper_style, pass_env=pass_env)
+        run = submit_session(RunParams(idea_path=str(path), workspace=str(workspace), **session), deployment,
+                             idempotency_key=key)
         if run.created is not None and run.created < began:
             continue  # the server answered the key with the run an earlier queue run made
         log.info("%s → %s: flow run %s %s", path.name, workspace, run.name, flow_run_url(run.id))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import errno
 import logging
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 from uuid import UUID
 
 from prefect import flow, get_run_logger
@@ -20,9 +20,7 @@ from prefect.exceptions import TerminationSignal
 from prefect.logging.handlers import APILogHandler
 from prefect.states import State
 
-from pydantic import Field
-
-from labrun.agents import AGENTS, AgentUnavailable
+from labrun.agents import AgentUnavailable
 from labrun.agents.backends import require_priced
 from labrun.artifacts import SessionArtifacts
 from labrun.branches import check_rerun_start, finish_rerun, rerun
@@ -30,6 +28,7 @@ from labrun.keys import unset, unset_line
 from labrun.model import UsageWindowSpent
 from labrun.flows.review import gate
 from labrun.review import review_round
+from labrun.run_params import RunParams, flow_parameters
 from labrun.session import Session
 from labrun.state import FlowRunRecord
 from labrun.status import nothing_to_do, session_status
@@ -68,51 +67,27 @@ class SessionStopped(Exception):
 
 
 @flow(name="research-session", flow_run_name=_run_name, log_prints=True, persist_result=False)
-def research_session(
-    idea_path: str | None = None,
-    workspace: str | None = None,
-    agent: Literal[AGENTS] | None = None,
-    model: str | None = None,
-    budget_usd: Annotated[float, Field(ge=0)] | None = None,
-    max_turns: Annotated[int, Field(ge=1)] | None = None,
-    with_phases: list[str] | None = None,
-    paper_style: str | None = None,
-    network: bool | None = None,
-    from_phase: str | None = None,
-    note: str | None = None,
-    pass_env: list[str] | None = None,
-    review_after: list[str] | None = None,
-) -> dict[str, Any]:
-    """`with_phases`: optional phases a new session runs too (e.g. ["resources", "paper"]),
-    besides those its idea asks for; `paper_style`: the paper phase's LaTeX style (plain by
-    default). A session keeps the phases and the style it started with. `network`: False
-    runs the agent's commands without network from now on. `pass_env`: names of keys (API
-    keys, tokens) the experiments' commands get besides the idea's `constraints.api_keys`;
-    the session keeps them, and a resume adds to them (their values come from this process's
-    environment: a worker's, for a deployment run). `review_after`: phases a person reviews
-    once they complete (`labrun.review`); a new session takes them, else the idea's
-    `metadata.review_after`; a later run's list replaces the session's.
-
-    `from_phase`: start a new branch of a session at this finished phase (`labrun rerun`):
-    the phases before it are reused, it and the later ones run again with `agent` and `model`;
-    `note` says why. A retry of this run continues the branch it started."""
+@flow_parameters()
+def research_session(**params: Any) -> dict[str, Any]:
+    """A research session: a new one from `idea_path` in `workspace`, or the one there resumed
+    (a retry of a run continues the branch it started)."""
+    run = RunParams(**params)
+    workspace, from_phase = run.workspace, run.from_phase
     if not workspace:
         raise SessionStopped(
             "this run names no workspace: give the parameters workspace (and idea_path for a new session); "
             "a schedule made with `prefect deployment schedule create` passes none (see docs/server-mode.md, "
             "Scheduling a session)")
-    if not from_phase and (reason := nothing_to_do(Path(workspace), idea_path)):
+    if not from_phase and (reason := nothing_to_do(Path(workspace), run.idea_path)):
         get_run_logger().info("%s: %s; nothing to do", workspace, reason)
         return {"complete": True}
     rerunning = bool(from_phase)  # the branch gets agent and model; the earlier one keeps its own
     if rerunning:
         check_rerun_start(Path(workspace), from_phase)  # before anything is written
-    session = Session.open(workspace, idea_path, None if rerunning else agent, None if rerunning else model,
-                           budget_usd, max_turns, with_phases or (), paper_style, network, pass_env or (),
-                           review_after)
+    session = Session.open(run.model_copy(update={"agent": None, "model": None}) if rerunning else run)
     try:
         if rerunning:
-            rerun(session, from_phase, agent, model, note or "", _flow_run_id(), session_status)
+            rerun(session, from_phase, run.agent, run.model, run.note or "", _flow_run_id(), session_status)
         else:
             finish_rerun(session)  # a rerun cut short by a crash
     except BaseException:

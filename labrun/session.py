@@ -18,6 +18,7 @@ from labrun.state import DEFAULT_TIME_LIMIT_S, Attempt, PhaseRecord, SessionStat
 from labrun.journal import Conversation, phase_usage
 from labrun.keys import Key, pass_env_names, session_keys, unset
 from labrun.plan import Plan
+from labrun.run_params import RunParams
 from labrun.egress import EgressProxy
 from labrun.evidence import echoed, kept_text, unmeasured
 from labrun.sandbox import Sandbox, bubblewrap
@@ -74,31 +75,26 @@ class Session:
     # -- opening and closing ---------------------------------------------------------------
 
     @classmethod
-    def open(
-        cls,
-        workspace: str | Path,
-        idea_path: str | Path | None = None,
-        agent: str | None = None,
-        model: str | None = None,
-        budget_usd: float | None = None,
-        max_turns: int | None = None,
-        with_phases: Iterable[str] = (),
-        paper_style: str | None = None,
-        network: bool | None = None,
-        pass_env: Iterable[str] = (),
-        review_after: Iterable[str] | None = None,
-    ) -> "Session":
-        """Open (or create) the session in `workspace` and hold its lock until `close`.
-        `with_phases` names the optional phases a new session runs besides the default ones
-        and those its idea asks for (`metadata.with_phases`); `paper_style` is the paper
-        phase's style (else the idea's `metadata.paper_style`, else the plain one);
-        `pass_env` names keys for the experiments besides the idea's (a resume adds them);
-        `review_after` the phases a person reviews (else the idea's; a resume's replaces them)."""
-        check_limits(agent, budget_usd, max_turns)  # before anything is written
+    def open(cls, run: RunParams | str | Path, idea_path: str | Path | None = None, **params: Any) -> "Session":
+        """Open (or create) the session of `run` (a `RunParams`, or its workspace, idea and other
+        fields) and hold its lock until `close`. `with_phases` names the optional phases a new
+        session runs besides the default ones and those its idea asks for
+        (`metadata.with_phases`); `paper_style` is the paper phase's style (else the idea's
+        `metadata.paper_style`, else the plain one); `pass_env` names keys for the experiments
+        besides the idea's (a resume adds them); `review_after` the phases a person reviews
+        (else the idea's; a resume's replaces them). `from_phase` and `note` are the flow's."""
+        if not isinstance(run, RunParams):
+            check_limits(params.get("agent"), params.get("budget_usd"), params.get("max_turns"))  # in one line
+            run = RunParams(workspace=str(run), idea_path=str(idea_path) if idea_path else None, **params)
+        agent, model, budget_usd, max_turns = run.agent, run.model, run.budget_usd, run.max_turns
+        paper_style, network, review_after = run.paper_style, run.network, run.review_after
+        workspace, idea_path = run.workspace, run.idea_path
+        if not workspace:
+            raise ValueError("a session needs its workspace")
         ws = Workspace(workspace)
         idea = load_idea(idea_path) if idea_path else None
-        with_phases = [p for p in with_phases if p.strip()]
-        pass_env = pass_env_names(pass_env)  # a bad name fails before anything is written
+        with_phases = [p for p in run.with_phases or () if p.strip()]
+        pass_env = pass_env_names(run.pass_env or ())  # a bad name fails before anything is written
         # An unknown name fails before anything is written.
         keys = phase_list([*with_phases, *(idea.with_phases if idea else ())])
         style = paper_style or (idea.paper_style if idea else None)

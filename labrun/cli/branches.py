@@ -37,9 +37,10 @@ def cmd_rerun(args) -> int:
     except WorkspaceBusy as e:
         raise CliError(str(e)) from None
     ws.unlock()
-    return run_session(Run(None, args.workspace, args.agent, args.model, args.budget_usd, args.max_turns,
-                           args.verbose, from_phase=args.from_phase, note=args.note, network=args.network,
-                           pass_env=passed_keys(args), review_after=review_after(args, state.phases)))
+    return run_session(Run(workspace=args.workspace, agent=args.agent, model=args.model, budget_usd=args.budget_usd,
+                           max_turns=args.max_turns, verbose=args.verbose, from_phase=args.from_phase,
+                           note=args.note, network=args.network, pass_env=list(passed_keys(args)),
+                           review_after=review_after(args, state.phases)))
 
 
 def cmd_branches(args) -> int:

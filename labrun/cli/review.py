@@ -38,7 +38,7 @@ def cmd_review(args) -> int:
         _record(root, decision, text, os_user())
         console.print(f"review of {review.phase}: {decision} by {os_user()}, recorded; the session goes on here")
     check_workspace(root)
-    return run_session(Run(None, args.workspace, verbose=args.verbose))
+    return run_session(Run(workspace=args.workspace, verbose=args.verbose))
 
 
 def _decision(args) -> tuple[str | None, str]:

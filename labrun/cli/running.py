@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 from labrun.cli.common import DEFAULT_AGENT, CliError, console, err, labrun_command, phase_options
 from labrun.cli.display import SessionDisplay, summary
 from labrun.resources import EXAMPLES
+from labrun.run_params import RunParams
 
 DEMO_IDEA = EXAMPLES / "demo_noise_averaging.yaml"
 EXIT_AWAITS_REVIEW = 3
@@ -27,28 +27,12 @@ FLUSH_S = 3.0
 """How long, at the end, Prefect's log and event queues may take to reach the API."""
 
 
-@dataclass
-class Run:
-    idea_path: str | None
-    workspace: str
-    agent: str | None = None
-    model: str | None = None
-    budget_usd: float | None = None
-    max_turns: int | None = None
+class Run(RunParams):
+    """A run in this process: the run's parameters, and what the terminal needs besides."""
+
     verbose: bool = False
-    with_phases: tuple[str, ...] = ()
-    paper_style: str | None = None
     start_again: str = ""
     """The command that starts the session again if it is interrupted before it exists."""
-    from_phase: str | None = None
-    """`labrun rerun`: the phase a new branch starts at."""
-    note: str | None = None
-    network: bool | None = None
-    """False: the agent's commands run without network from now on (`--no-network`)."""
-    pass_env: tuple[str, ...] = ()
-    """Keys for the experiments' commands besides the session's (`--pass-env`)."""
-    review_after: list[str] | None = None
-    """Phases a person reviews (`--review-after`; None: the session's, or the idea's)."""
 
 
 def cmd_run(args) -> int:
@@ -86,10 +70,11 @@ def cmd_run(args) -> int:
     agent = args.agent or (DEFAULT_AGENT if stored is None else None)  # a resumed one keeps its own
     with_phases = tuple(phase_options(args.with_phases, args.paper_style, idea.with_phases))
     reviewed = review_after(args, stored.phases if stored else phase_list([*with_phases, *idea.with_phases]))
-    return run_session(Run(args.idea, args.workspace, agent, args.model, args.budget_usd, args.max_turns,
-                           args.verbose, with_phases, args.paper_style,
-                           f"{labrun_command()} run {args.idea} --workspace {args.workspace}", network=args.network,
-                           pass_env=keys, review_after=reviewed))
+    return run_session(Run(idea_path=args.idea, workspace=args.workspace, agent=agent, model=args.model,
+                           budget_usd=args.budget_usd, max_turns=args.max_turns, verbose=args.verbose,
+                           with_phases=list(with_phases), paper_style=args.paper_style, network=args.network,
+                           pass_env=list(keys), review_after=reviewed,
+                           start_again=f"{labrun_command()} run {args.idea} --workspace {args.workspace}"))
 
 
 def cmd_resume(args) -> int:
@@ -107,9 +92,9 @@ def cmd_resume(args) -> int:
         console.print(f"[yellow]note:[/yellow] this session's last run was the deployment run {last.name} "
                       f"({last.id}); this resume runs here as a new flow run, also named {root.resolve().name}, "
                       f"and that one keeps its state in the UI (retry it there instead to resume it on a worker)")
-    return run_session(Run(None, args.workspace, model=args.model, budget_usd=args.budget_usd,
+    return run_session(Run(workspace=args.workspace, model=args.model, budget_usd=args.budget_usd,
                            max_turns=args.max_turns, verbose=args.verbose, network=args.network,
-                           pass_env=keys, review_after=reviewed))
+                           pass_env=list(keys), review_after=reviewed))
 
 
 def cmd_demo(args) -> int:
@@ -119,7 +104,7 @@ def cmd_demo(args) -> int:
     check_workspace(root)
     if (stored := _stored_state(root)) is not None and (done := _nothing_to_do(root, args, stored)) is not None:
         return done
-    return run_session(Run(str(DEMO_IDEA), args.workspace, "scripted", verbose=args.verbose,
+    return run_session(Run(idea_path=str(DEMO_IDEA), workspace=args.workspace, agent="scripted", verbose=args.verbose,
                            start_again=f"{labrun_command()} demo {args.workspace}"))
 
 
@@ -289,10 +274,7 @@ def _run_flow(run: Run, research_session) -> int:
     from labrun.workspace import WorkspaceBusy
 
     try:
-        result = research_session(run.idea_path, str(Path(run.workspace).resolve()), run.agent, run.model,
-                         run.budget_usd, run.max_turns, list(run.with_phases), run.paper_style, run.network,
-                         from_phase=run.from_phase, note=run.note, pass_env=list(run.pass_env),
-                         review_after=run.review_after)
+        result = research_session(**{**run.parameters(), "workspace": str(Path(run.workspace).resolve())})
     except (WorkspaceBusy, AgentUnavailable, SessionMismatch, BranchError) as e:
         raise CliError(str(e)) from None
     except Exception as e:

@@ -122,6 +122,7 @@ def cmd_queue(args) -> int:
 def _queue_one(path: Path, root: Path, args) -> str:
     """Submit one idea's session run, or say why not: "queued", "invalid" or "skipped"."""
     from labrun.idea import IdeaError, load_idea
+    from labrun.run_params import RunParams
     from labrun.serving.submit import active_session_run, flow_run_url, submit_session, workspace_for
     from labrun.status import finished_and_intact
 
@@ -144,9 +145,10 @@ def _queue_one(path: Path, root: Path, args) -> str:
         console.print(f"{path.name}: {workspace} is queued or running already (flow run {active.name} "
                       f"{active.id}, {active.state.name if active.state else 'no state'}); not queued again")
         return "skipped"
-    run = submit_session(path, workspace, args.agent, args.model, args.deployment,
-                         with_phases=args.with_phases, paper_style=args.paper_style, pass_env=args.pass_env,
-                         review_after=args.review_after)
+    run = submit_session(RunParams(idea_path=str(path), workspace=str(workspace), agent=args.agent, model=args.model,
+                                   with_phases=args.with_phases or None, paper_style=args.paper_style,
+                                   pass_env=args.pass_env or None, review_after=args.review_after),
+                         args.deployment)
     console.print(f"{path.name} → {workspace}\n  {_agent_of(workspace, args.agent)}\n"
                   f"  flow run {run.name} {run.id}\n  {flow_run_url(run.id)}")
     return "queued"

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from labrun.prefect_processes import ServerError
+from labrun.run_params import RunParams
 from labrun.serving import SESSION_DEPLOYMENT
 
 IDEA_SUFFIXES = (".yaml", ".yml")
@@ -36,30 +37,15 @@ def workspace_for(idea_path: Path, content_hash: str, root: Path) -> Path:
     return (root / f"{slug(idea_path.stem)}-{content_hash[:8]}").resolve()
 
 
-def submit_session(idea_path: Path, workspace: Path, agent: str | None = None,
-                   model: str | None = None, deployment: str = SESSION_DEPLOYMENT,
-                   idempotency_key: str | None = None,
-                   job_variables: dict[str, Any] | None = None,
-                   with_phases: list[str] | None = None, paper_style: str | None = None,
-                   pass_env: list[str] | None = None, review_after: list[str] | None = None):
-    """One session flow run of the deployment; returns at once (the FlowRun)."""
+def submit_session(run: RunParams, deployment: str = SESSION_DEPLOYMENT, idempotency_key: str | None = None,
+                   job_variables: dict[str, Any] | None = None):
+    """One session flow run of the deployment; returns at once (the FlowRun). Only the
+    parameters given go: a new session without an agent gets DEFAULT_AGENT, a resumed one
+    keeps its own, and `pass_env` carries names only (the values are the worker's)."""
     from prefect.deployments import run_deployment
 
-    parameters: dict[str, Any] = {"idea_path": str(idea_path), "workspace": str(workspace)}
-    if agent is not None:  # otherwise a new session gets DEFAULT_AGENT, a resumed one keeps its agent
-        parameters["agent"] = agent
-    if model is not None:
-        parameters["model"] = model
-    if with_phases:
-        parameters["with_phases"] = list(with_phases)
-    if paper_style is not None:
-        parameters["paper_style"] = paper_style
-    if pass_env:  # names only: the values are the worker's
-        parameters["pass_env"] = list(pass_env)
-    if review_after is not None:
-        parameters["review_after"] = list(review_after)
     return run_deployment(
-        deployment, parameters=parameters, timeout=0, flow_run_name=workspace.name,
+        deployment, parameters=run.parameters(), timeout=0, flow_run_name=Path(run.workspace or "").name,
         tags=["labrun"], idempotency_key=idempotency_key, job_variables=job_variables,
         as_subflow=False,  # a session is a run of its own in the UI, not a queue's subflow
     )

@@ -25,7 +25,7 @@ from labrun.serving.prepare import prepare
 from labrun import prefect_processes as processes
 from labrun.serving import submit
 
-from e2e_helpers import CRASH_AFTER_S, EXAMPLES, REPO, UUID_RE, labrun, wait_for
+from e2e_helpers import submit_run, CRASH_AFTER_S, EXAMPLES, REPO, UUID_RE, labrun, wait_for
 
 
 
@@ -172,7 +172,7 @@ def three_sessions(prefect_server, worker, tmp_path_factory) -> Sessions:
 
     failing = ideas / sessions.failing
     ws = submit.workspace_for(failing, load_idea(failing).content_hash, sessions.root)
-    run = submit.submit_session(failing, ws, agent="scripted", job_variables={"env": {
+    run = submit_run(failing, ws, agent="scripted", job_variables={"env": {
         "LABRUN_SCRIPTED_FAULTS": "raise@experiments:3",
         "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30",
     }})

@@ -100,3 +100,12 @@ def idea_copy(folder: Path, name: str, title: str | None = None, source: str = "
     return path
 
 
+
+
+def submit_run(idea, workspace, job_variables=None, **params):
+    """A session run of the deployment, as `labrun queue` submits one."""
+    from labrun.run_params import RunParams
+    from labrun.serving.submit import submit_session
+
+    return submit_session(RunParams(idea_path=str(idea), workspace=str(workspace), **params),
+                          job_variables=job_variables)

@@ -10,9 +10,8 @@ import os
 import sys
 from pathlib import Path
 
-from labrun.serving import submit
 
-from e2e_helpers import client, status_json, wait_for
+from e2e_helpers import submit_run, client, status_json, wait_for
 
 FAKE = Path(__file__).resolve().parents[1] / "fake_claude"
 IDEA = """\
@@ -42,7 +41,7 @@ def test_a_spent_window_reschedules_the_flow_run(prefect_server, worker, tmp_pat
         "LABRUN_MIN_WINDOW_WAIT_S": "0",
         "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30",
     }
-    run = submit.submit_session(idea, ws, agent="claude-code", job_variables={"env": env})
+    run = submit_run(idea, ws, agent="claude-code", job_variables={"env": env})
 
     final = wait_for([run.id])[str(run.id)]
     assert final.state.type.value == "COMPLETED", final.state

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from labrun.serving import submit
 
-from e2e_helpers import client, status_json, wait_for
+from e2e_helpers import submit_run, client, status_json, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agent_clis import INSTALL, PREFIX  # noqa: E402
@@ -39,7 +38,7 @@ def test_a_spent_codex_usage_limit_reschedules_the_flow_run(prefect_server, work
         env = {"LABRUN_CODEX": str(LAUNCHER), "CODEX_HOME": str(home), "CODEX_API_KEY": "sk-proj-test-0000",
                "OPENAI_BASE_URL": f"{api.url}/v1", "LABRUN_MIN_WINDOW_WAIT_S": "0",
                "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}
-        run = submit.submit_session(idea, ws, agent="codex", model=MODEL, job_variables={"env": env})
+        run = submit_run(idea, ws, agent="codex", model=MODEL, job_variables={"env": env})
         final = wait_for([run.id])[str(run.id)]
         posts = [r for r in api.requests if r["method"] == "POST"]
     assert final.state.type.value == "COMPLETED", final.state

@@ -5,7 +5,7 @@ those parameters: tests/test_pipeline.py.)"""
 
 from __future__ import annotations
 
-from e2e_helpers import idea_copy, latest_task_states, read_run, status_json, wait_for
+from e2e_helpers import submit_run, idea_copy, latest_task_states, read_run, status_json, wait_for
 
 
 def test_a_failed_paper_phase_retried_from_the_ui_reads_the_seven_before_it_from_the_cache(
@@ -17,7 +17,7 @@ def test_a_failed_paper_phase_retried_from_the_ui_reads_the_seven_before_it_from
 
     idea = idea_copy(tmp_path / "ideas", "retry.yaml", "Pipeline test: a paper that fails once")
     workspace = submit.workspace_for(idea, load_idea(idea).content_hash, tmp_path / "workspaces")
-    run = submit.submit_session(idea, workspace, agent="scripted", with_phases=["resources", "paper"], paper_style="icml",
+    run = submit_run(idea, workspace, agent="scripted", with_phases=["resources", "paper"], paper_style="icml",
                                 job_variables={"env": {"LABRUN_SCRIPTED_FAULTS": "raise@paper:2",
                                                        "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}})
     run_id = str(run.id)

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from labrun.serving import SESSION_DEPLOYMENT
 from labrun.serving import submit as srv
 
-from e2e_helpers import idea_copy, latest_task_states, status_json, wait_for
+from e2e_helpers import submit_run, idea_copy, latest_task_states, status_json, wait_for
 
 BEFORE = ("1-planning", "2-setup", "3-implementation", "4-experiments")
 AFTER = ("5-analysis", "6-documentation")
@@ -22,7 +22,7 @@ def test_a_deployment_run_with_from_phase_reruns_from_it(prefect_server, worker,
 
     idea = idea_copy(tmp_path / "ideas", "rerun.yaml", "Rerun test: analysis again from the UI")
     ws = srv.workspace_for(idea, load_idea(idea).content_hash, tmp_path / "workspaces")
-    first = str(srv.submit_session(idea, ws, agent="scripted").id)
+    first = str(submit_run(idea, ws, agent="scripted").id)
     assert wait_for([first], timeout_s=180)[first].state.type.value == "COMPLETED"
     before = status_json(ws, prefect_server.env)
 

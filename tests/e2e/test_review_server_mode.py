@@ -15,7 +15,7 @@ from labrun import prefect_processes as processes
 from labrun.serving import submit as srv
 
 from chromium import Browser, find_chromium
-from e2e_helpers import CRASH_AFTER_S, REPO, idea_copy, labrun, latest_task_states, read_run, status_json, wait_for
+from e2e_helpers import submit_run, CRASH_AFTER_S, REPO, idea_copy, labrun, latest_task_states, read_run, status_json, wait_for
 
 pytestmark = pytest.mark.skipif(
     find_chromium() is None,
@@ -87,7 +87,7 @@ def test_a_deployment_run_awaits_review_suspended_and_a_click_in_the_ui_resumes_
 
     idea = idea_copy(tmp_path / "ideas", "reviewed.yaml", "Review test: the plan read in the Prefect UI")
     ws = srv.workspace_for(idea, load_idea(idea).content_hash, tmp_path / "workspaces")
-    run_id = str(srv.submit_session(idea, ws, agent="scripted", review_after=["planning"]).id)
+    run_id = str(submit_run(idea, ws, agent="scripted", review_after=["planning"]).id)
 
     wait_suspended(run_id, worker)
     suspended_at = time.monotonic()

@@ -17,7 +17,7 @@ from labrun import serving
 from labrun.serving import submit
 from labrun.artifacts import artifact_key
 
-from e2e_helpers import (CRASH_AFTER_S, EXAMPLES, REPO, client, idea_copy, labrun, latest_task_states,
+from e2e_helpers import (submit_run, CRASH_AFTER_S, EXAMPLES, REPO, client, idea_copy, labrun, latest_task_states,
                          read_run, status_json, wait_for)
 
 FIRST_THREE = ("planning", "setup", "implementation")
@@ -165,7 +165,7 @@ def test_dead_worker_run_is_crashed_then_retried_and_one_workspace_one_writer(
     from labrun.idea import load_idea
 
     ws = submit.workspace_for(idea, load_idea(idea).content_hash, tmp_path / "workspaces")
-    run = submit.submit_session(idea, ws, agent="scripted", job_variables={"env": {
+    run = submit_run(idea, ws, agent="scripted", job_variables={"env": {
         "LABRUN_SCRIPTED_FAULTS": "hang@experiments:1", "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}})
     run_id = str(run.id)
     marker = ws / ".labrun" / "faults" / "experiments-1.reached"
@@ -178,7 +178,7 @@ def test_dead_worker_run_is_crashed_then_retried_and_one_workspace_one_writer(
     state_before = (ws / ".labrun" / "state.json").read_bytes()
 
     # A second run of the same workspace, while the first holds it: refused, nothing written.
-    busy = submit.submit_session(idea, ws, agent="scripted")
+    busy = submit_run(idea, ws, agent="scripted")
     busy_run = wait_for([busy.id], timeout_s=120)[str(busy.id)]
     assert busy_run.state.type.value == "FAILED"
     assert "another labrun process" in busy_run.state.message, busy_run.state.message
@@ -351,9 +351,9 @@ def test_a_run_in_flight_when_labrun_server_stops_is_crashed_after_its_restart(t
     server = _labrun_server(tmp_path, port, env, "server-1.log")
     try:
         with temporary_settings({PREFECT_API_URL: api_url}):
-            run_id = submit.submit_session(idea, ws, agent="scripted", job_variables={"env": {
+            run_id = submit_run(idea, ws, agent="scripted", job_variables={"env": {
                 "LABRUN_SCRIPTED_FAULTS": "hang@experiments:3"}}).id
-            reviewed_id = submit.submit_session(reviewed, reviewed_ws, agent="scripted",
+            reviewed_id = submit_run(reviewed, reviewed_ws, agent="scripted",
                                                 review_after=["planning"]).id
             assert wait_for([reviewed_id], states={"PAUSED"}, timeout_s=180)[str(reviewed_id)].state.name == "Suspended"
             deadline = time.monotonic() + 180
