@@ -13,8 +13,10 @@ from typing import Any, Iterable
 from labrun import suggest
 from labrun.agents.names import AGENTS, CLI_AGENTS, DEFAULT_AGENT
 from labrun.commands import kill_group
+from labrun.prefect_processes import identified
 from labrun.idea import Idea, load_idea
-from labrun.state import DEFAULT_TIME_LIMIT_S, Attempt, PhaseRecord, SessionState, StateStore, session_clock
+from labrun.state import (DEFAULT_TIME_LIMIT_S, Attempt, PhaseRecord, SessionState, StateStore, load_state,
+                          session_clock)
 from labrun.journal import Conversation, phase_usage
 from labrun.keys import Key, pass_env_names, session_keys, unset
 from labrun.plan import Plan
@@ -46,6 +48,13 @@ class SessionMismatch(Exception):
     pass
 
 
+class _Reading(StateStore):
+    """The state as an engine task reads it: the engine that owns the session writes it."""
+
+    def save(self) -> None:
+        raise RuntimeError("an engine task reads the session's state; the engine records what it returns")
+
+
 def changed_outputs(manifest: dict[str, Any], recorded: dict[str, str], root: Path,
                     missing_only: bool = False) -> list[str]:
     """Files a finished phase produced that are gone, or differ from the last digest any
@@ -60,6 +69,7 @@ def changed_outputs(manifest: dict[str, Any], recorded: dict[str, str], root: Pa
 
 class Session:
     _open: dict[str, "Session"] = {}
+    """The sessions whose workspace lock this process holds (a flock is a process's)."""
 
     def __init__(self, ws: Workspace, store: StateStore, idea: Idea):
         self.ws = ws
@@ -75,7 +85,8 @@ class Session:
     # -- opening and closing ---------------------------------------------------------------
 
     @classmethod
-    def open(cls, run: RunParams | str | Path, idea_path: str | Path | None = None, **params: Any) -> "Session":
+    def open(cls, run: RunParams | str | Path, idea_path: str | Path | None = None, agent: str | None = None,
+             **params: Any) -> "Session":
         """Open (or create) the session of `run` (a `RunParams`, or its workspace, idea and other
         fields) and hold its lock until `close`. `with_phases` names the optional phases a new
         session runs besides the default ones and those its idea asks for
@@ -84,8 +95,8 @@ class Session:
         besides the idea's (a resume adds them); `review_after` the phases a person reviews
         (else the idea's; a resume's replaces them). `from_phase` and `note` are the flow's."""
         if not isinstance(run, RunParams):
-            check_limits(params.get("agent"), params.get("budget_usd"), params.get("max_turns"))  # in one line
-            run = RunParams(workspace=str(run), idea_path=str(idea_path) if idea_path else None, **params)
+            check_limits(agent, params.get("budget_usd"), params.get("max_turns"))  # in one line
+            run = RunParams(workspace=str(run), idea_path=str(idea_path) if idea_path else None, agent=agent, **params)
         agent, model, budget_usd, max_turns = run.agent, run.model, run.budget_usd, run.max_turns
         paper_style, network, review_after = run.paper_style, run.network, run.review_after
         workspace, idea_path = run.workspace, run.idea_path
@@ -165,12 +176,26 @@ class Session:
         return session
 
     @classmethod
-    def get(cls, workspace: str) -> "Session":
-        """The session this process has open for `workspace`."""
+    def attach(cls, spec) -> "Session":
+        """The session as its workspace holds it, for an engine task (`labrun.phases.execution`)
+        in whatever process it runs: it reads the state and never writes it; the engine that
+        holds the workspace records what the task returns."""
+        ws = Workspace(spec.workspace)
+        state, _ = load_state(ws)
+        if state.session_id != spec.session_id:
+            raise SessionMismatch(f"{ws.root} holds session {state.session_id}, not {spec.session_id}")
+        return cls(ws, _Reading(ws, state), load_idea(ws.data / "idea.yaml"))
+
+    @classmethod
+    def held(cls, workspace: str) -> "Session":
+        """The session this process holds the lock of for `workspace`: the phase task runs in
+        the engine that holds it, since the agent's tools record into its state as they go
+        (the engine's own tasks need no such thing: `attach`)."""
         return cls._open[str(Path(workspace).resolve())]
 
     def close(self) -> None:
-        self._open.pop(str(self.ws.root), None)
+        if self._open.get(str(self.ws.root)) is self:  # not an engine task's (`attach`)
+            del self._open[str(self.ws.root)]
         if self._egress is not None:
             self._egress.stop()
             self._egress = None
@@ -258,13 +283,21 @@ class Session:
     def reconcile_after_crash(self) -> None:
         """An attempt still RUNNING belongs to a dead engine: kill what it left, mark it."""
         for a in self.state.attempts:
-            if a.status == "RUNNING":
-                if a.pgid:
-                    kill_group(a.pgid)
-                a.status = "INTERRUPTED"
-                a.error = "the session was interrupted while this attempt ran"
-                a.pgid = None
-                self.store.log(f"attempt {a.n} marked INTERRUPTED (the engine stopped while it ran)")
+            if a.status != "RUNNING":
+                continue
+            run = self.attempt_run(a.n)
+            if run.get("ended"):  # it ended, but the engine stopped before recording it
+                self.record_attempt(a.n, run["ended"])
+                continue
+            if a.pgid:  # noted in the state by an older labrun
+                kill_group(a.pgid)
+            if run.get("pgid") and identified(run["pgid"], run["started"]) is not None:
+                kill_group(run["pgid"])
+            a.status = "INTERRUPTED"
+            a.error = "the session was interrupted while this attempt ran"
+            a.pgid = None
+            a.task_run = run.get("task_run") or a.task_run
+            self.store.log(f"attempt {a.n} marked INTERRUPTED (the engine stopped while it ran)")
         self.store.save()
 
     # -- attempts --------------------------------------------------------------------------
@@ -301,6 +334,21 @@ class Session:
                     f"attempt {n} {attempt.status}" + (f": {attempt.error}" if attempt.error else "")
                 )
             self.store.save()
+
+    def record_attempt(self, n: int, ended: dict[str, Any]) -> None:
+        """What the attempt task returned (`labrun.phases.attempts`), into the state."""
+        self.update_attempt(n, **{k: v for k, v in ended.items() if k in ENDED})
+
+    def attempt_run_path(self, n: int) -> Path:
+        return self.ws.attempts / f"attempt-{n:03d}.run.json"
+
+    def attempt_run(self, n: int) -> dict[str, Any]:
+        """What attempt n's task noted as it ran: its task run, its command's process group
+        (by identity) and, once it ended, its record; {} before it started."""
+        try:
+            return json.loads(self.attempt_run_path(n).read_text())
+        except (OSError, ValueError):
+            return {}
 
     def attempt_files_path(self, n: int) -> Path:
         return self.ws.attempts / f"attempt-{n:03d}.files.json"
@@ -440,6 +488,10 @@ class Session:
     def time_limit_s(self) -> int:
         constraints = self.idea.constraints
         return (constraints.time_limit if constraints and constraints.time_limit else None) or DEFAULT_TIME_LIMIT_S
+
+
+ENDED = {"status", "exit_code", "duration_s", "error", "metrics", "outputs", "unmeasured", "echoed", "task_run"}
+"""What an attempt's task finds out, for the engine to record."""
 
 
 def budget_source(option: float | None, idea: Idea) -> str:

@@ -14,7 +14,7 @@ prints the table of docs/running.md's "Environment variables".
 from __future__ import annotations
 
 import os
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -78,6 +78,8 @@ class Settings(BaseSettings):
     """the shortest wait for a spent usage window's reset, in seconds"""
     retry_base_s: float = 2.0
     """seconds before a transient model or CLI error's first retry, doubled each time (tests make it short)"""
+    tasks_in: Literal["here", "process"] = "here"
+    """where the engine's tasks (attempts, reruns, sealed scoring) run: here, or process (one of their own each)"""
 
     # -- server mode and the Prefect API ------------------------------------------------------
     keep_api: str = ""

@@ -12,13 +12,15 @@ import math
 import os
 import re
 
+import psutil
 from prefect import task
 from prefect.context import TaskRunContext
-from prefect.transactions import CommitMode, transaction
 
 from labrun.commands import run_command
 from labrun.crashpoints import crashpoint
 from labrun.evidence import echoed, kept_text, unmeasured
+from labrun.phases.execution import TaskSpec, execute
+from labrun.settings import settings
 from labrun.session import Session
 from labrun.snapshot import changed, keep_copies, workspace_files
 from labrun.state import Attempt
@@ -38,11 +40,12 @@ def start_attempt(session: Session, phase_key: str, inp: RunExperimentInput) -> 
     refuse_if_repeated(session, phase_key, inp, files)
     keep_copies(session.ws.root, files, session.ws.kept)  # so that the engine can run it again
     attempt = session.new_attempt(phase_key, inp, files)
-    with transaction(commit_mode=CommitMode.EAGER):
-        record = experiment_attempt.with_options(result_storage=session.ws.results)(
-            session_id=session.state.session_id, workspace=str(session.ws.root), n=attempt.n
-        )
-    return Attempt.model_validate(record)
+    ended = execute("attempt", AttemptSpec(workspace=str(session.ws.root), session_id=session.state.session_id,
+                                           n=attempt.n))
+    session.record_attempt(attempt.n, ended)
+    if settings().tasks_in != "here":
+        session.store.log(f"attempt {attempt.n} ran in process {ended['pid']} (LABRUN_TASKS_IN={settings().tasks_in})")
+    return session.state.attempts[attempt.n - 1]
 
 
 def refuse_if_repeated(session: Session, phase_key: str, inp: RunExperimentInput, files: dict[str, str]) -> None:
@@ -85,29 +88,54 @@ def _named(session: Session, attempt: Attempt) -> str:
     return f"{attempt.n}" if attempt.branch == session.state.branch else f"{attempt.n} (branch {attempt.branch})"
 
 
+class AttemptSpec(TaskSpec):
+    n: int
+
+
 def _attempt_key(context, parameters) -> str:
-    return f"labrun-{parameters['session_id']}-attempt-{parameters['n']}"
+    spec = parameters["spec"]
+    return f"labrun-{spec.session_id}-attempt-{spec.n}"
 
 
 @task(
     name="attempt",
-    task_run_name="attempt {n}",
+    task_run_name="attempt {spec.n}",
     cache_key_fn=_attempt_key,
     persist_result=True,
 )
-def experiment_attempt(session_id: str, workspace: str, n: int) -> dict:
-    session = Session.get(workspace)
+def experiment_attempt(spec: AttemptSpec) -> dict:
+    """Run attempt n's command and judge it, from the workspace alone (`labrun.phases.execution`):
+    what it notes as it runs goes to its run file, and its record is returned."""
+    session = Session.attach(spec)
+    try:
+        return _run(session, spec.n)
+    finally:
+        session.close()
+
+
+def _run(session: Session, n: int) -> dict:
     attempt = session.state.attempts[n - 1]
-    session.update_attempt(n, task_run=str(TaskRunContext.get().task_run.id))
+    run_file = session.attempt_run_path(n)
+    noted = {"task_run": str(TaskRunContext.get().task_run.id)}
+    session.ws.write_json(run_file, noted)
     log = session.ws.root / attempt.log
     found = _identity(session, attempt.metrics_file)
+
+    def started(pgid: int) -> None:
+        try:
+            noted.update(pgid=pgid, started=psutil.Process(pgid).create_time())
+            session.ws.write_json(run_file, noted)
+        except psutil.NoSuchProcess:
+            pass  # ended already
+        crashpoint("attempt")
+
     result = run_command(
         attempt.command,
         session.ws.root,
         log,
         timeout_s=session.time_limit_s,
         max_output_bytes=MAX_OUTPUT_BYTES,
-        on_start=lambda pgid: (session.update_attempt(n, pgid=pgid), crashpoint("attempt")),
+        on_start=started,
         sandbox=session.sandbox(),
         keys=session.key_names(),
     )
@@ -117,21 +145,21 @@ def experiment_attempt(session_id: str, workspace: str, n: int) -> dict:
     session.attempt_wrote(n, workspace_files(session.ws.root), rewritten)
     status, error, metrics, outputs = judge(session, attempt, result)
     record = session.attempt_files(n) or {}
-    ended = attempt.model_copy(update={"metrics": metrics})
+    measured = attempt.model_copy(update={"metrics": metrics})
     kept = kept_text(session.ws.kept, record.get("before") or {})
-    session.update_attempt(
-        n,
+    ended = attempt.model_copy(update=dict(
         status=status,
         exit_code=result.exit_code,
         duration_s=round(result.duration_s, 2),
         error=error,
         metrics=metrics,
         outputs=outputs,
-        unmeasured=unmeasured(ended, record, kept, session.ws.root),
-        echoed=echoed(ended, record, kept, session.ws.root),
-        pgid=None,
-    )
-    return session.state.attempts[n - 1].model_dump()
+        unmeasured=unmeasured(measured, record, kept, session.ws.root),
+        echoed=echoed(measured, record, kept, session.ws.root),
+        task_run=noted["task_run"],
+    )).model_dump()
+    session.ws.write_json(run_file, {**noted, "ended": ended})  # recorded by a resume if the engine stops now
+    return {**ended, "pid": os.getpid()}
 
 
 def _identity(session: Session, rel: str | None) -> tuple[int, int] | None:

@@ -77,7 +77,7 @@ def run_phase(session_id: str, workspace: str, phase_key: str, number: int, vers
               kept: str | None = None, review_round: int = 1) -> dict[str, Any]:
     """`rerun`: the phase must run again (its outputs, or an upstream phase's, changed).
     `branch`, `kept` and `review_round`: see `_cache_key`."""
-    session = Session.get(workspace)
+    session = Session.held(workspace)
     session.ws.check_disk()
     phase = BY_KEY[phase_key]
     phase_dir = session.ws.phase_dir(phase_key)

@@ -47,10 +47,10 @@ from typing import Any
 
 import psutil
 from prefect import task
-from prefect.transactions import CommitMode, transaction
 
 from labrun.commands import kill_group, run_command
 from labrun.crashpoints import crashpoint
+from labrun.phases.execution import TaskSpec, execute
 from labrun.sandbox import bubblewrap
 from labrun.prefect_processes import identified
 from labrun.session import Session
@@ -86,30 +86,34 @@ def reproduce(session: Session) -> None:
         if attempt.reproduction is not None:
             continue
         spent = sum(a.reproduction.duration_s or 0 for a in session.state.attempts if a.reproduction)
-        left_s = minutes * 60 - spent
-        with transaction(commit_mode=CommitMode.EAGER):
-            record = reproduce_attempt.with_options(result_storage=session.ws.results)(
-                session_id=session.state.session_id, workspace=str(session.ws.root), n=attempt.n,
-                left_s=left_s, tolerance=tolerance)
-        if session.state.attempts[attempt.n - 1].reproduction is None:  # a cached result, its record lost
-            session.update_attempt(attempt.n, reproduction=Reproduction.model_validate(record))
+        session.store.log(f"attempt {attempt.n}: the engine reruns it to check its metrics")
+        result = Reproduction.model_validate(execute("reproduction", ReproductionSpec(
+            workspace=str(session.ws.root), session_id=session.state.session_id, n=attempt.n,
+            left_s=minutes * 60 - spent, tolerance=tolerance)))
+        session.store.event(f"attempt {attempt.n} {result.status} by the engine's rerun: {result.detail}")
+        session.update_attempt(attempt.n, reproduction=result)
+
+
+class ReproductionSpec(TaskSpec):
+    n: int
+    left_s: float
+    tolerance: float
 
 
 def _reproduction_key(context, parameters) -> str:
-    return f"labrun-{parameters['session_id']}-reproduction-{parameters['n']}"
+    spec = parameters["spec"]
+    return f"labrun-{spec.session_id}-reproduction-{spec.n}"
 
 
-@task(name="reproduction", task_run_name="reproduce attempt {n}", cache_key_fn=_reproduction_key,
+@task(name="reproduction", task_run_name="reproduce attempt {spec.n}", cache_key_fn=_reproduction_key,
       persist_result=True)
-def reproduce_attempt(session_id: str, workspace: str, n: int, left_s: float, tolerance: float) -> dict:
-    session = Session.get(workspace)
-    attempt = session.state.attempts[n - 1]
-    if attempt.reproduction is None:
-        session.store.log(f"attempt {n}: the engine reruns it to check its metrics")
-        result = rerun(session, attempt, left_s, tolerance)
-        session.update_attempt(n, reproduction=result)
-        session.store.event(f"attempt {n} {result.status} by the engine's rerun: {result.detail}")
-    return session.state.attempts[n - 1].reproduction.model_dump()
+def reproduce_attempt(spec: ReproductionSpec) -> dict:
+    """Attempt n again, from the workspace alone (`labrun.phases.execution`): its `Reproduction`."""
+    session = Session.attach(spec)
+    try:
+        return rerun(session, session.state.attempts[spec.n - 1], spec.left_s, spec.tolerance).model_dump()
+    finally:
+        session.close()
 
 
 def rerun(session: Session, attempt: Attempt, left_s: float, tolerance: float) -> Reproduction:

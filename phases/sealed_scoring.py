@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 from prefect import task
-from prefect.transactions import CommitMode, transaction
+from labrun.phases.execution import TaskSpec, execute
 
 from labrun.wsfs import Beneath, Refused
 from labrun.commands import run_command
@@ -54,11 +54,10 @@ def score_sealed(session: Session) -> None:
     artifact = artifact_digest(session.ws.root, sealed.artifact)
     if sealed.score is not None and sealed.score.artifact_digest == artifact:
         return
-    with transaction(commit_mode=CommitMode.EAGER):
-        record = sealed_scoring.with_options(result_storage=session.ws.results)(
-            session_id=session.state.session_id, workspace=str(session.ws.root), artifact_digest=artifact)
-    if sealed.score is None or sealed.score.artifact_digest != artifact:  # a cached result, its record lost
-        _record(session, SealedScore.model_validate(record))
+    session.store.log(f"sealed scoring of {sealed.artifact} started")
+    record = execute("sealed-scoring", ScoringSpec(workspace=str(session.ws.root), session_id=session.state.session_id,
+                                                   artifact_digest=artifact))
+    _record(session, SealedScore.model_validate(record))
 
 
 def artifact_digest(root: Path, rel: str) -> str:
@@ -67,17 +66,23 @@ def artifact_digest(root: Path, rel: str) -> str:
     return entry_digest(root, rel) or "missing"  # entry_digest reads through no link
 
 
+class ScoringSpec(TaskSpec):
+    artifact_digest: str
+
+
 def _scoring_key(context, parameters) -> str:
-    return f"labrun-{parameters['session_id']}-sealed-{parameters['artifact_digest'][:16]}"
+    spec = parameters["spec"]
+    return f"labrun-{spec.session_id}-sealed-{spec.artifact_digest[:16]}"
 
 
 @task(name="sealed-scoring", task_run_name="sealed scoring", cache_key_fn=_scoring_key, persist_result=True)
-def sealed_scoring(session_id: str, workspace: str, artifact_digest: str) -> dict:
-    session = Session.get(workspace)
-    session.store.log(f"sealed scoring of {session.state.sealed.artifact} started")
-    result = score(session)
-    _record(session, result.model_copy(update={"artifact_digest": artifact_digest}))
-    return session.state.sealed.score.model_dump()
+def sealed_scoring(spec: ScoringSpec) -> dict:
+    """The artifact's score, from the workspace alone (`labrun.phases.execution`)."""
+    session = Session.attach(spec)
+    try:
+        return score(session).model_copy(update={"artifact_digest": spec.artifact_digest}).model_dump()
+    finally:
+        session.close()
 
 
 def _record(session: Session, score: SealedScore) -> None:

@@ -207,3 +207,23 @@ def state_md_sections(keys=None) -> list[str]:
     titles = list(section_titles(DEFAULT if keys is None else keys).values())
     at = titles.index("Experiment Results")
     return ["Session Title", "Current State", "Worklog", *titles[:at], "Experiment Attempts", *titles[at:]]
+
+
+def attempt_group(ws: Path) -> int | None:
+    """The process group of the workspace's running attempt, as its task noted it
+    (`.labrun/attempts/attempt-NNN.run.json`), once its command has started."""
+    import json
+
+    try:
+        attempts = json.loads((ws / ".labrun/state.json").read_text())["attempts"]
+    except (OSError, ValueError):
+        return None
+    for a in attempts:
+        if a["status"] == "RUNNING":
+            try:
+                run = json.loads((ws / f".labrun/attempts/attempt-{a['n']:03d}.run.json").read_text())
+            except (OSError, ValueError):
+                continue
+            if run.get("pgid"):
+                return run["pgid"]
+    return None

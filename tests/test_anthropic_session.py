@@ -22,7 +22,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from auto_responder import IDEA, PLAN as PLAN_MD, TURNS, AutoResearcher, phase_and_turn  # noqa: E402
-from support import labrun, wait_for  # noqa: E402
+from support import attempt_group, labrun, wait_for  # noqa: E402
 from fake_messages_api import FakeMessagesAPI, count_tokens, prompt_blocks  # noqa: E402
 
 from labrun.journal import Conversation  # noqa: E402
@@ -406,11 +406,11 @@ def test_kill_9_between_a_reply_and_its_tool_result_answers_it_as_interrupted(tm
             attempts = json.loads((ws / ".labrun/state.json").read_text())["attempts"]
         except (FileNotFoundError, ValueError):
             return None
-        return attempts[0] if attempts and attempts[0]["pgid"] else None
+        return attempts[0] if attempts and attempt_group(ws) else None
 
     wait_for(attempt, what="the experiment attempt to start")
     kill(proc)
-    pgid = attempt()["pgid"]
+    pgid = attempt_group(ws)
     assert "- Status: RUNNING" in (ws / "STATE.md").read_text()
     (reply,) = replies(ws, "experiments")  # saved, its tool call never answered
     (call,) = [b for b in reply["content"] if b["type"] == "tool_use"]

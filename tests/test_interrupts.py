@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from support import DEMO_IDEA, alive, wait_for
+from support import attempt_group, DEMO_IDEA, alive, wait_for
 from terminal import Terminal
 from labrun.journal import Conversation
 from labrun.state import phase_table
@@ -65,8 +65,7 @@ def reach(point: str, term: Terminal, ws: Path) -> None:
     if point == "attempt":
         # The attempt is recorded a moment after the reply that asks for it (the workspace's
         # snapshot comes first).
-        wait_for(lambda: [a["pgid"] for a in json.loads((ws / ".labrun/state.json").read_text())["attempts"]
-                          if a["pgid"]], what="the attempt's process group")
+        wait_for(lambda: attempt_group(ws), what="the attempt's process group")
         wait_for(lambda: any("sleep" in _cmd(p) for p in term.watch()), what="the attempt's command")
     term.watch()
 

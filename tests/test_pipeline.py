@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from support import DEMO_IDEA, group_alive, start_labrun, wait_for
+from support import attempt_group, DEMO_IDEA, group_alive, start_labrun, wait_for
 from web_host import serving
 from labrun.sandbox import bubblewrap
 from test_paper import no_tex  # noqa: F401  (a fixture)
@@ -110,11 +110,8 @@ def test_kill_9_in_each_new_phase_then_resume_and_a_fresh_run_finds_nothing_to_d
     wait_for(marker.exists, timeout=240, what="the paper phase's fault")
     pgid = None
     if tex:
-        def running_attempt():
-            attempts = json.loads((ws / ".labrun/state.json").read_text())["attempts"]
-            return next((a["pgid"] for a in attempts if a["status"] == "RUNNING" and a["pgid"]), None)
-        wait_for(running_attempt, what="the latexmk attempt's process group")
-        pgid = running_attempt()
+        wait_for(lambda: attempt_group(ws), what="the latexmk attempt's process group")
+        pgid = attempt_group(ws)
     kill(proc)
     assert runs(ws)["resources"] == 2 and runs(ws)["documentation"] == 1
     if pgid and bubblewrap():  # the sandbox dies with the engine (--die-with-parent)

@@ -13,7 +13,7 @@ import signal
 import shutil
 from pathlib import Path
 
-from support import DEMO_IDEA, group_alive, labrun, start_labrun, wait_for
+from support import attempt_group, DEMO_IDEA, group_alive, labrun, start_labrun, wait_for
 from labrun.agents import scripted
 from labrun.sandbox import bubblewrap
 from labrun.journal import Conversation
@@ -188,10 +188,9 @@ def test_kill_9_mid_attempt_marks_it_interrupted_and_kills_its_processes(tmp_pat
     proc = start_labrun("run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted",
                         env={"LABRUN_SCRIPTED_FAULTS": "hang-attempt@experiments:1"})
     wait_for(marker.exists, what="the first attempt to start")
-    wait_for(lambda: status(ws)["attempts"] and json.loads(
-        (ws / ".labrun/state.json").read_text())["attempts"][0]["pgid"], what="the attempt's pgid")
+    wait_for(lambda: attempt_group(ws), what="the attempt's pgid")
     _kill(proc)
-    pgid = json.loads((ws / ".labrun/state.json").read_text())["attempts"][0]["pgid"]
+    pgid = attempt_group(ws)
     if bubblewrap():  # the sandbox dies with the engine (--die-with-parent)
         wait_for(lambda: not group_alive(pgid), timeout=10, what="the attempt's command to die with the engine")
     else:

@@ -1,0 +1,49 @@
+"""The engine's tasks run from a serializable spec and the workspace alone: with
+`LABRUN_TASKS_IN=process` every attempt, every rerun and the sealed scoring runs in a Python
+process of its own, and the session ends as it ends when they run in the engine's process."""
+
+from __future__ import annotations
+
+import os
+import re
+from uuid import UUID
+
+import psutil
+
+from support import DEMO_IDEA
+from labrun.state import load_state
+from labrun.workspace import Workspace
+
+RAN_IN = re.compile(r"attempt (\d+) ran in process (\d+)")
+
+
+def session(tmp_path, name: str):
+    from labrun.flows.session import research_session
+
+    ws = tmp_path / name
+    assert research_session(str(DEMO_IDEA), str(ws), "scripted", return_state=True).is_completed()
+    return load_state(Workspace(ws))[0]
+
+
+def outcome(state) -> list:
+    """What the session found, whatever ran it: attempts, their metrics, the reruns' verdicts."""
+    return [(a.n, a.status, a.metrics, a.reproduction and a.reproduction.status) for a in state.attempts]
+
+
+def test_every_engine_task_runs_in_a_process_of_its_own_and_the_session_ends_the_same(tmp_path, prefect_api,
+                                                                                       monkeypatch):
+    from prefect.client.orchestration import get_client
+
+    here = session(tmp_path, "here")
+    assert not any(RAN_IN.search(line) for line in here.worklog)  # the default: the engine's process
+
+    monkeypatch.setenv("LABRUN_TASKS_IN", "process")
+    apart = session(tmp_path, "apart")
+    ran = {int(n): int(pid) for line in apart.worklog if (m := RAN_IN.search(line)) for n, pid in [m.groups()]}
+    assert sorted(ran) == [a.n for a in apart.attempts]
+    assert os.getpid() not in ran.values() and len(set(ran.values())) == len(ran)  # one process each
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).ppid() == os.getpid() for pid in ran.values())
+    assert outcome(apart) == outcome(here) and any(a.reproduction for a in apart.attempts)
+    with get_client(sync_client=True) as client:  # each attempt is still a Prefect task run, ended
+        for a in apart.attempts:
+            assert client.read_task_run(UUID(a.task_run)).state.is_final()
