@@ -80,8 +80,6 @@ class Settings(BaseSettings):
     """seconds before a transient model or CLI error's first retry, doubled each time (tests make it short)"""
 
     # -- server mode and the Prefect API ------------------------------------------------------
-    keep_api: str = ""
-    """minutes the Prefect API a run starts stays up for later runs once unused (default 10; 0: each run starts and stops its own)"""
     model_api_slots: int = 4
     """model calls at once over all sessions in server mode (4)"""
     model_api_limit: OnlyOn = False
