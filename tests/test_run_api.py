@@ -23,19 +23,19 @@ def _env(home: Path) -> dict[str, str]:
     return env
 
 
-def _run_watching(args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str, dict[int, psutil.Process]]:
+def _run_watching(args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str, dict[psutil.Process, str]]:
     """`labrun ARGS` to its end: its exit code, its output, and every process seen below it
-    while it ran."""
+    while it ran, with its command line as last seen (a process that has ended has none)."""
     out = cwd / "labrun.out"
     with open(out, "wb") as f:
         proc = subprocess.Popen([sys.executable, "-m", "labrun.cli", *args], cwd=cwd, env=env, stdout=f,
                                 stderr=subprocess.STDOUT)
-    seen: dict[int, psutil.Process] = {}
+    seen: dict[psutil.Process, str] = {}
     deadline = time.monotonic() + 300
     while proc.poll() is None and time.monotonic() < deadline:
         try:
             for p in psutil.Process(proc.pid).children(recursive=True):
-                seen.setdefault(p.pid, p)
+                seen[p] = _cmd(p) or seen.get(p, "")  # psutil.Process: equal when pid and start time are
         except psutil.NoSuchProcess:
             pass
         time.sleep(0.05)
@@ -63,11 +63,11 @@ def test_no_process_outlives_a_finished_labrun_demo(tmp_path):
     code, out, seen = _run_watching(["demo", "demo-ws"], _env(home), tmp_path)
     try:
         assert code == 0 and "Session complete ·" in out, out[-3000:]
-        assert any("labrun.run_api.process" in _cmd(p) for p in seen.values()), "the demo started no API of its own"
-        assert [f"{p.pid} {_cmd(p)[:120]}" for p in seen.values() if _alive(p)] == []
+        assert any("labrun.run_api.process" in cmd for cmd in seen.values()), "the demo started no API of its own"
+        assert [f"{p.pid} {cmd[:120]}" for p, cmd in seen.items() if _alive(p)] == []
         assert on_prefect_home(home) == []
     finally:
-        for p in seen.values():
+        for p in seen:
             if _alive(p):
                 p.kill()
 
@@ -81,4 +81,4 @@ def test_a_run_uses_the_api_of_labrun_server_and_starts_none(tmp_path, prefect_a
     code, out, seen = _run_watching(["demo", "demo-ws"], _env(home), tmp_path)
     assert code == 0 and "Session complete ·" in out, out[-3000:]
     assert f"using the Prefect API at {prefect_api} (labrun server)" in " ".join(out.split()), out[-3000:]
-    assert not any("labrun.run_api.process" in _cmd(p) for p in seen.values())
+    assert seen and not any("labrun.run_api.process" in cmd for cmd in seen.values())
