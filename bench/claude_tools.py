@@ -48,7 +48,7 @@ def session(tmp: Path, tool_search: str) -> dict:
         env.update({"LABRUN_CLAUDE": claude, "ANTHROPIC_BASE_URL": api.url, "ANTHROPIC_API_KEY": "bench-key",
                     "CLAUDE_CONFIG_DIR": str(root / "config"), "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
                     "IS_SANDBOX": "1", "ENABLE_TOOL_SEARCH": tool_search, "PREFECT_HOME": str(root / "prefect"),
-                    "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "LABRUN_KEEP_API": "0"})  # a throwaway home
+                    "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})  # a throwaway home
         done = subprocess.run([sys.executable, "-m", "labrun.cli", "run", str(root / "idea.yaml"), "--workspace",
                                str(root / "ws"), "--agent", "claude-code", "--model", MODEL],
                               env=env, capture_output=True, text=True, timeout=1800)

@@ -90,9 +90,9 @@ def server_env(api_url: str, base: dict[str, str] | None = None) -> dict[str, st
     return env
 
 
-def spawn(cmd: list[str], env: dict[str, str], log: Path | None, die_with_parent: bool = True) -> subprocess.Popen:
-    """`cmd` in a session of its own that dies with this process (unless not
-    `die_with_parent`). Call it from the main thread (`dies_with_labrun`)."""
+def spawn(cmd: list[str], env: dict[str, str], log: Path | None) -> subprocess.Popen:
+    """`cmd` in a session of its own that dies with this process. Call it from the main
+    thread (`dies_with_labrun`)."""
     out = subprocess.DEVNULL
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -100,7 +100,7 @@ def spawn(cmd: list[str], env: dict[str, str], log: Path | None, die_with_parent
     try:
         return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=dies_with_labrun() if die_with_parent else None)
+                                preexec_fn=dies_with_labrun())
     finally:
         if log is not None:
             out.close()
@@ -111,25 +111,17 @@ def start_server(host: str, port: int, env: dict[str, str], log: Path) -> subpro
     return spawn([*prefect_cli(), "server", "start", "--host", host, "--port", str(port)], env, log)
 
 
-def wait_healthy(api_url: str, proc: subprocess.Popen | psutil.Process | None, log: Path | None,
-                 timeout_s: float = 180) -> None:
-    """Until the API at `api_url` answers, or `proc` (a child, or another's process) ends."""
+def wait_healthy(api_url: str, proc: subprocess.Popen | None, log: Path | None, timeout_s: float = 180) -> None:
+    """Until the API at `api_url` answers, or `proc` (a child) ends."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if healthy(api_url):
             return
-        if proc is not None and not still_running(proc):
+        if proc is not None and proc.poll() is not None:
             tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
-            code = f" (code {proc.returncode})" if isinstance(proc, subprocess.Popen) else ""
-            raise ServerError(f"the Prefect server exited{code}:\n{tail}")
+            raise ServerError(f"the Prefect server exited (code {proc.returncode}):\n{tail}")
         time.sleep(0.1)
     raise ServerError(f"the Prefect server at {api_url} did not answer within {timeout_s:.0f} s")
-
-
-def still_running(proc: subprocess.Popen | psutil.Process) -> bool:
-    if isinstance(proc, subprocess.Popen):
-        return proc.poll() is None
-    return alive(proc)
 
 
 def identified(pid: int, started: float) -> psutil.Process | None:
@@ -141,31 +133,6 @@ def identified(pid: int, started: float) -> psutil.Process | None:
         return proc if proc.create_time() == started else None
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
-
-
-def send(proc: psutil.Process, sig: int) -> bool:
-    """`sig` to `proc` only if its pid still names it (same start time); False when it is
-    gone. Through a pidfd, which pins the process that had the pid when it was opened: if the
-    start time matches after that, the signal cannot reach a newcomer with the same pid."""
-    try:
-        fd = os.pidfd_open(proc.pid)
-    except ProcessLookupError:
-        return False
-    except OSError:  # no pidfd here (an old kernel, a seccomp filter): psutil checks the start time before it signals
-        try:
-            proc.send_signal(sig)
-            return True
-        except psutil.NoSuchProcess:
-            return False
-    try:
-        if not proc.is_running():  # psutil compares the pid's start time with `proc`'s
-            return False
-        signal.pidfd_send_signal(fd, sig)
-        return True
-    except ProcessLookupError:
-        return False
-    finally:
-        os.close(fd)
 
 
 def start_worker(env: dict[str, str], log: Path | None = None, pool: str = POOL,

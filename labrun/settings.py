@@ -82,8 +82,6 @@ class Settings(BaseSettings):
     """where the engine's tasks (attempts, reruns, sealed scoring) run: here, or process (one of their own each)"""
 
     # -- server mode and the Prefect API ------------------------------------------------------
-    keep_api: str = ""
-    """minutes the Prefect API a run starts stays up for later runs once unused (default 10; 0: each run starts and stops its own)"""
     model_api_slots: int = 4
     """model calls at once over all sessions in server mode (4)"""
     model_api_limit: OnlyOn = False

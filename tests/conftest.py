@@ -18,8 +18,6 @@ os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ["LABRUN_RETRY_BASE_S"] = "0.05"
 os.environ.pop("PREFECT_API_URL", None)
-# A labrun without a server keeps its API for later runs; the tests that start one say so.
-os.environ["LABRUN_KEEP_API"] = "0"
 
 
 def pytest_configure(config):

@@ -132,6 +132,22 @@ def running(needle: str) -> list[int]:
     return found
 
 
+def on_prefect_home(home: Path) -> list[str]:
+    """Live processes other than this one whose environment names `home` as PREFECT_HOME:
+    what a run on that home started, wherever in the process tree it now is."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if (p.pid != os.getpid() and p.status() != psutil.STATUS_ZOMBIE
+                    and p.environ().get("PREFECT_HOME") == str(home)):
+                found.append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
+        except psutil.Error:
+            continue
+    return found
+
+
 def group_alive(pgid: int) -> bool:
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:

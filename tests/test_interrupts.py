@@ -2,16 +2,14 @@
 the whole foreground process group), and SIGINT or SIGTERM sent to the labrun process
 alone; at a model call, in an experiment attempt, and while the Prefect API starts.
 
-Each run starts its own Prefect API (no PREFECT_API_URL, LABRUN_KEEP_API=0), as a new
-user's does when the API is not kept. After each interruption: the exit code, the message,
-no process labrun started left alive, STATE.md saying what happened; then `labrun resume`
-finishes the session with nothing redone that had finished. The API kept between runs (the
-default) is what outlives a finished run, and only until idle.
+Each run starts its own Prefect API (no PREFECT_API_URL), as a new user's does, and that
+API lives as long as the run. After each interruption: the exit code, the message, no process
+labrun started left alive, STATE.md saying what happened; then `labrun resume` finishes the
+session with nothing redone that had finished.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -21,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from support import attempt_group, DEMO_IDEA, alive, wait_for
+from support import DEMO_IDEA, alive, attempt_group, on_prefect_home, wait_for
 from terminal import Terminal
 from labrun.journal import Conversation
 from labrun.state import phase_table
@@ -140,7 +138,7 @@ def test_an_interrupted_run_stops_cleanly_and_resumes_with_nothing_redone(point,
 def test_a_first_run_on_a_new_prefect_home_says_what_it_waits_for(tmp_path, own_api_env):
     """On a new PREFECT_HOME Prefect migrates its database before its API answers: tens of
     seconds with nothing else on the terminal. The run says so as it starts the API (a run on
-    a home with a database does not: the kept-API test below), and SIGTERM still stops it."""
+    a home with a database does not: the test below), and SIGTERM still stops it."""
     ws = tmp_path / "ws"
     env = {**own_api_env, "PREFECT_HOME": str(tmp_path / "new-home")}
     term = Terminal("run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted", env=env)
@@ -184,69 +182,44 @@ def test_a_second_ctrl_c_ends_labrun_at_once(tmp_path, own_api_env, prefect_api,
     assert session_status(ws)["session"]["complete"]
 
 
-def test_the_kept_api_outlasts_a_finished_run_but_not_a_ctrl_c_and_goes_when_idle(tmp_path, own_api_env):
-    """The API kept between runs stays while a run uses it, goes with a run interrupted from
-    the terminal (nothing labrun started outlives that), stays after a run that finished,
-    serving the next, and goes by itself once idle."""
+def test_a_finished_run_and_a_ctrl_c_leave_no_prefect_api_behind(tmp_path, own_api_env):
+    """A run without a server starts a Prefect API that lives as long as the run: a run
+    interrupted from the terminal takes it along, and so does a run that finishes. Nothing
+    on the run's Prefect home is left running, in labrun's process tree or out of it."""
     ws = tmp_path / "ws"
     home = Path(own_api_env["PREFECT_HOME"])
-    record = home / "labrun" / "kept-api.json"
-    idle_s = 15
-    secret = "labrun-test-" + "s3cr3t" * 4
-    env = {**own_api_env, "LABRUN_KEEP_API": str(idle_s / 60), "LABRUN_SCRIPTED_FAULTS": POINTS["model-call"],
-           "SERVICE_API_KEY": secret}
-    began = time.monotonic()
+    env = {**own_api_env, "LABRUN_SCRIPTED_FAULTS": POINTS["model-call"]}
     term = Terminal("run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted", env=env)
     try:
         reach("model-call", term, ws)
-        kept = json.loads(record.read_text())
-        time.sleep(max(0.0, began + idle_s + 5 - time.monotonic()))
-        assert alive(kept["pid"]), "the kept API went while a run used it"
-        assert secret not in Path(f"/proc/{kept['pid']}/environ").read_text()  # it outlives the run's keys
-        started = time.monotonic()
+        assert [p for p in term.watch() if "labrun.run_api.process" in " ".join(_cmd(p))], "no API of its own"
         term.ctrl_c()
-        code = term.wait(timeout=30)
-        assert code == 130 and time.monotonic() - started < 5, term.output
-        assert f"interrupted; resume with: labrun resume {ws}" in " ".join(term.output.split()), term.output
-        assert term.survivors() == [] and not alive(kept["pid"]) and not record.exists()
+        assert term.wait(timeout=30) == 130, term.output
+        assert term.survivors() == [] and on_prefect_home(home) == []
     finally:
         term.close() if term.proc.poll() is None else os.close(term.master)
 
-    def labrun_cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "labrun.cli", *args], capture_output=True, text=True,
-                              timeout=300, env={**env, "LABRUN_SCRIPTED_FAULTS": ""})
-    resumed = labrun_cli("resume", str(ws))
+    resumed = subprocess.run([sys.executable, "-m", "labrun.cli", "resume", str(ws)], capture_output=True, text=True,
+                             timeout=300, env=own_api_env)
     assert resumed.returncode == 0, resumed.stderr
-    assert "starting a Prefect API (kept for later runs" in " ".join(resumed.stderr.split())
-    assert "builds its database" not in resumed.stderr  # the interrupted run's API made it
+    said = " ".join(resumed.stderr.split())
+    assert "starting a Prefect API (for this run;" in said and "builds its database" not in said, said
     assert session_status(ws)["session"]["complete"]
-    kept = json.loads(record.read_text())
-    assert alive(kept["pid"])  # a finished run leaves it for the next
-    other = labrun_cli("run", str(DEMO_IDEA), "--workspace", str(tmp_path / "ws2"), "--agent", "scripted")
-    assert other.returncode == 0, other.stderr
-    assert f"using the Prefect API at {kept['api_url']} (kept between runs)" in " ".join(other.stderr.split())
-    wait_for(lambda: not alive(kept["pid"]), timeout=60, what="the kept API to go once idle")
-    assert not record.exists()
+    assert on_prefect_home(home) == []
 
 
-def test_the_kept_api_goes_when_idle_after_a_kill_9_of_the_run_that_used_it(tmp_path, own_api_env):
-    """A run killed with -9 cannot stop anything; the kept API goes by itself once idle (the
-    kernel drops the dead run's lease), however the runs that used it ended."""
+def test_a_kill_9_of_the_run_takes_its_prefect_api_along(tmp_path, own_api_env):
+    """A run killed with -9 cannot stop anything; its API dies with it all the same (a
+    parent-death signal)."""
     ws = tmp_path / "ws"
-    record = Path(own_api_env["PREFECT_HOME"]) / "labrun" / "kept-api.json"
-    env = {**own_api_env, "LABRUN_KEEP_API": "0.05", "LABRUN_SCRIPTED_FAULTS": POINTS["model-call"]}  # 3 s
+    env = {**own_api_env, "LABRUN_SCRIPTED_FAULTS": POINTS["model-call"]}
     term = Terminal("run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted", env=env)
     try:
         reach("model-call", term, ws)
-        kept = json.loads(record.read_text())
-        term.watch()
-        assert alive(kept["pid"])
+        api = next(p for p in term.watch() if "labrun.run_api.process" in " ".join(_cmd(p)))
         term.proc.kill()
         term.wait(timeout=10)
-        wait_for(lambda: not alive(kept["pid"]), timeout=20, what="the kept API to go once idle")
-        assert not record.exists()
+        wait_for(lambda: not alive(api.pid), timeout=10, what="the run's API to die with it")
+        assert term.survivors() == [] and on_prefect_home(Path(own_api_env["PREFECT_HOME"])) == []
     finally:
         term.close() if term.proc.poll() is None else os.close(term.master)
-        for p in term.seen.values():  # what the killed run left (its agent's commands die with it)
-            if p.is_running():
-                p.kill()

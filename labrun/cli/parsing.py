@@ -19,7 +19,7 @@ OTHER_VARIABLES = {
     "CODEX_HOME": "Codex's login and sessions (default ~/.codex); CODEX_API_KEY an API key",
     "GEMINI_API_KEY": "the gemini agent's API key (else the Google login of `gemini`)",
     "PREFECT_API_URL": "a Prefect server to run on; without one labrun uses the one `labrun server` "
-                       "started, else the one an earlier run kept, or starts one",
+                       "started, else starts one for the run alone",
     "PREFECT_HOME": "Prefect's database and labrun's server logs (default ~/.prefect)",
 }
 """The variables of other programs that labrun reads; its own (LABRUN_*) are `labrun.settings`'."""
@@ -27,7 +27,7 @@ AGENT_VARIABLES = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "LABRUN_MODEL", "L
                    "LABRUN_CLAUDE_PERMISSIONS", "LABRUN_CODEX", "CODEX_HOME", "LABRUN_GEMINI", "GEMINI_API_KEY",
                    "LABRUN_PHASE_TIMEOUT_S", "LABRUN_PASS_ENV", "LABRUN_MIN_FREE_MB",
                    "LABRUN_CONTEXT_MANAGEMENT", "LABRUN_PRICES")
-ENGINE_VARIABLES = ("LABRUN_KEEP_API", "PREFECT_API_URL", "PREFECT_HOME")
+ENGINE_VARIABLES = ("PREFECT_API_URL", "PREFECT_HOME")
 LABRUN_VARIABLES = described()
 """labrun's own variables (`labrun.settings`), each with its field's docstring."""
 VARIABLES = {name: OTHER_VARIABLES.get(name) or LABRUN_VARIABLES[name]

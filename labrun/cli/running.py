@@ -223,7 +223,7 @@ def run_session(run: Run) -> int:
     display = _show_progress()
     _check_agent(run)
     log = logging.getLogger("labrun")
-    api, interrupted = None, False
+    api = None
     try:
         with stop_on_signals():
             api = RunApi.find_or_start()
@@ -240,7 +240,6 @@ def run_session(run: Run) -> int:
             return _run_flow(run, research_session)
     except Interrupted as e:
         display.close()
-        interrupted = True
         root = Path(run.workspace)
         if (root / ".labrun" / "state.json").is_file():
             err.print(f"[yellow]labrun: interrupted; resume with: {labrun_command()} resume {run.workspace}[/yellow]")
@@ -252,11 +251,9 @@ def run_session(run: Run) -> int:
         raise CliError(str(e), code=1) from None
     finally:
         display.close()
-        if api is not None:
+        if api is not None:  # the run's own API lives as long as the run
             _flush_prefect()
             api.stop()
-            if interrupted:
-                api.interrupted()
 
 
 def _import_engine(verbose: bool):

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from e2e_helpers import REPO, UUID_RE
-from labrun.run_api import kept as kept_api
+from support import on_prefect_home
 
 NOISE = ("Traceback", "ERROR", "WARNING")
 
@@ -101,28 +101,17 @@ def assert_checks_and_runs_the_demo(installed: Path, idea: Path, tmp_path: Path)
     check = subprocess.run([str(installed), "check", "ideas/demo_noise_averaging.yaml"], cwd=elsewhere, env=env,
                            capture_output=True, text=True, timeout=60)
     assert check.returncode == 0 and ": valid ·" in check.stdout, check.stderr
-    home = tmp_path / "prefect-home" / "labrun"
-    try:
-        demo = subprocess.run([str(installed), "demo"], cwd=elsewhere, env=env, capture_output=True,
-                              text=True, timeout=300)
-        out = demo.stdout + demo.stderr
-        assert demo.returncode == 0, out
-        assert "Session complete ·" in out
-        assert "Prefect builds its database" in " ".join(out.split()), out  # a first run says why it waits
-        assert not [line for line in out.splitlines() if any(n in line for n in NOISE)], out
-        report = (elsewhere / "labrun-demo" / "REPORT.md").read_text()
-        assert report.startswith("# Report: Averaging noisy measurements")
-        assert "The results above are those of attempt 2." in report
-        # The next run uses the API the demo kept.
-        again = subprocess.run([str(installed), "demo", "again"], cwd=elsewhere, env=env, capture_output=True,
-                               text=True, timeout=300)
-        assert again.returncode == 0 and "(kept between runs)" in " ".join(again.stderr.split()), again.stderr
-        assert (elsewhere / "again" / "REPORT.md").exists()
-    finally:  # the demo keeps its Prefect API for later runs (LABRUN_KEEP_API): stop it here
-        kept = json.loads((home / "kept-api.json").read_text()) if (home / "kept-api.json").exists() else None
-        if kept is not None and kept_api.process_of(kept) is not None:
-            kept_api.stop_process(kept_api.process_of(kept), grace_s=10)
-    assert kept is not None, "no kept API recorded"
+    demo = subprocess.run([str(installed), "demo"], cwd=elsewhere, env=env, capture_output=True,
+                          text=True, timeout=300)
+    out = demo.stdout + demo.stderr
+    assert demo.returncode == 0, out
+    assert "Session complete ·" in out
+    assert "Prefect builds its database" in " ".join(out.split()), out  # a first run says why it waits
+    assert not [line for line in out.splitlines() if any(n in line for n in NOISE)], out
+    assert on_prefect_home(tmp_path / "prefect-home") == []  # its API went with it
+    report = (elsewhere / "labrun-demo" / "REPORT.md").read_text()
+    assert report.startswith("# Report: Averaging noisy measurements")
+    assert "The results above are those of attempt 2." in report
     version = subprocess.run([str(installed), "--version"], env=env, capture_output=True, text=True)
     assert version.stdout.strip() == "labrun 0.1.0"
 
