@@ -22,7 +22,7 @@ from prefect.states import State
 
 from pydantic import Field
 
-from labrun.agents import AGENTS, AgentUnavailable
+from labrun.agents.registry import AgentUnavailable, names
 from labrun.agents.backends import require_priced
 from labrun.artifacts import SessionArtifacts
 from labrun.branches import check_rerun_start, finish_rerun, rerun
@@ -71,7 +71,7 @@ class SessionStopped(Exception):
 def research_session(
     idea_path: str | None = None,
     workspace: str | None = None,
-    agent: Literal[AGENTS] | None = None,
+    agent: Literal[names()] | None = None,
     model: str | None = None,
     budget_usd: Annotated[float, Field(ge=0)] | None = None,
     max_turns: Annotated[int, Field(ge=1)] | None = None,

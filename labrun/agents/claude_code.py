@@ -74,11 +74,12 @@ from pathlib import Path
 from typing import Any, Iterator
 from zoneinfo import ZoneInfo
 
-from labrun.agents.names import AgentUnavailable, web_tools
+from labrun.agents.registry import AgentUnavailable, web_tools
 from labrun.agents.cli_agent import (CliAgent, Finished, Outcome, Retrying, RunPlan, Started, Streamed,
-                                     ToolUsed, Verdict, Window, installed)
+                                     ToolUsed, Verdict, Window, installed, transcripts)
 from labrun.agents.cli_process import passed_env
 from labrun.settings import settings
+from labrun.toollog import ToolRun, records
 from labrun.usage import Usage, count
 from labrun.windows import clock
 
@@ -283,6 +284,30 @@ class ClaudeCodeAgent(CliAgent):
 
 
 # -- reading Claude Code ------------------------------------------------------------------------
+
+
+def tool_runs(phase_dir: Path) -> Iterator[ToolRun]:
+    """The `WebFetch` and `Bash` calls of the phase's transcripts (`claude-run-NNN.jsonl`, its
+    stream-json events): an `assistant` event's `tool_use` block, answered by a `user` event's
+    `tool_result` (an error when it failed)."""
+    calls: dict[str, tuple[str, dict]] = {}
+    for event in records(transcripts(phase_dir, ClaudeCodeAgent.name)):
+        content = (event.get("message") or {}).get("content")
+        if not isinstance(content, list):
+            continue
+        for block in content:
+            if not isinstance(block, dict):
+                continue
+            if block.get("type") == "tool_use":
+                calls[block.get("id")] = (block.get("name") or "", block.get("input") or {})
+            elif block.get("type") == "tool_result" and block.get("tool_use_id") in calls:
+                ok = not block.get("is_error")
+                name, asked = calls[block["tool_use_id"]]
+                if name == "WebFetch" and asked.get("url"):
+                    yield ToolRun("fetch", str(asked["url"]), ok)
+                elif name == "Bash":
+                    yield ToolRun("shell", str(asked.get("command") or ""), ok)
+
 
 
 def tokens(usage: dict[str, Any] | None) -> Usage:
