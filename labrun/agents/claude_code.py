@@ -37,6 +37,8 @@ process lifetime, the journal, the MCP tool server). This module holds what is C
   and none of them the machine's loopback. A subscription login (`CLAUDE_CODE_OAUTH_TOKEN` or `claude
   /login`) is used when there is one: an exported `ANTHROPIC_API_KEY` would take precedence
   in Claude Code and bill the key, so it is not passed on unless `LABRUN_CLAUDE_AUTH=api-key`.
+- **Its transcripts.** `tool_runs` reads the `WebFetch` and `Bash` calls of a phase's
+  `claude-run-NNN.jsonl` for the rules that ask what the phase fetched (`labrun.toollog`).
 - **The tools.** `ENABLE_TOOL_SEARCH=false` (unless set): Claude Code otherwise lists MCP
   tools by name only, and the model spends a turn per run on `ToolSearch` before it can
   call `complete_phase`. `bench/claude_tools.py` measured a six-phase session at 20 requests
