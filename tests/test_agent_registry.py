@@ -50,6 +50,13 @@ def test_a_new_backend_runs_a_session_through_labrun_run(tmp_path, prefect_api, 
         assert said and all(s.startswith("[tiny-1] ") for s in said), (journal, said)
     state_md = (ws / "STATE.md").read_text()
     assert "agent `tiny`" in state_md and "not research" not in state_md  # not a stand-in
+    from labrun.paper import author_line
+    from labrun.state import load_state, render_state_md
+    from labrun.workspace import Workspace
+
+    state = load_state(Workspace(ws))[0].model_copy(update={"agent": "scripted"})  # the stand-in
+    assert "not research" in render_state_md(state, str(ws)) and "not research" in author_line("scripted")
+    assert "not research" not in author_line("tiny")
 
 
 def test_a_backend_reads_its_own_transcripts_for_the_rules(tmp_path, monkeypatch):
