@@ -20,7 +20,7 @@ from prefect.exceptions import TerminationSignal
 from prefect.logging.handlers import APILogHandler
 from prefect.states import State
 
-from labrun.agents import AgentUnavailable
+from labrun.agents.registry import AgentUnavailable
 from labrun.agents.backends import require_priced
 from labrun.artifacts import SessionArtifacts
 from labrun.branches import check_rerun_start, finish_rerun, rerun

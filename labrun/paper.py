@@ -22,6 +22,7 @@ import yaml
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from labrun import latex, suggest
+from labrun.agents.registry import stand_in
 from labrun.resources import TEMPLATES
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ def load_style(name: str) -> PaperStyle:
 
 
 def author_line(agent: str) -> str:
-    if agent == "scripted":
+    if stand_in(agent):
         return "labrun's scripted agent (an offline stand-in for demos and tests, not research)"
     return f"An autonomous research agent (labrun, agent \\texttt{{{agent}}})"
 

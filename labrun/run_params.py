@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from labrun.agents.names import AGENTS
+from labrun.agents.registry import names
 
 
 class RunParams(BaseModel):
@@ -22,9 +22,8 @@ class RunParams(BaseModel):
     workspace: str | None = Field(None, description=(
         "The session's folder on the worker (required): a new session is made there, an existing "
         "one resumed."))
-    agent: Literal[AGENTS] | None = Field(None, description=(
-        "The agent backend; a new session without one gets the default (anthropic), a resumed one "
-        "keeps its own."))
+    agent: Literal[names()] | None = Field(None, description=(
+        "The agent backend; a new session without one gets labrun's default, a resumed one keeps its own."))
     model: str | None = Field(None, description="The model; else the backend's default, or the session's.")
     budget_usd: float | None = Field(None, ge=0, description=(
         "The agent's own spending limit in US dollars; else the session's, or the idea's "

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from labrun import suggest
-from labrun.agents.names import AGENTS, CLI_AGENTS, DEFAULT_AGENT
+from labrun.agents.registry import DEFAULT_AGENT, names, own_shell
 from labrun.commands import kill_group
 from labrun.prefect_processes import identified
 from labrun.idea import Idea, load_idea
@@ -36,8 +36,8 @@ from labrun.phases import BY_KEY, Phase, Work, phase_list, review_after_phases
 
 def check_limits(agent: str | None, budget_usd: float | None, max_turns: int | None) -> None:
     """What a deployment run can pass that the command line refuses: one line each."""
-    if agent is not None and agent not in AGENTS:
-        raise ValueError(suggest.unknown("agent", agent, AGENTS))
+    if agent is not None and agent not in names():
+        raise ValueError(suggest.unknown("agent", agent, names()))
     if budget_usd is not None and not budget_usd >= 0:
         raise ValueError(f"budget_usd {budget_usd}: a budget is zero or more US dollars")
     if max_turns is not None and max_turns < 1:
@@ -458,7 +458,7 @@ class Session:
         whether the agent has a shell of its own (a coding CLI's), which runs without them."""
         keys, missing = self.experiment_keys(), unset(self.experiment_keys())
         return {"set": [k.name for k in keys if k not in missing], "missing": [k.name for k in missing],
-                "own_shell": self.state.agent in CLI_AGENTS}
+                "own_shell": own_shell(self.state.agent)}
 
     def max_turns(self, phase: Phase) -> int:
         return self.state.max_turns or phase.max_turns

@@ -19,6 +19,7 @@ from typing import Any, Callable, Literal
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from pydantic import BaseModel, Field
 
+from labrun.agents.registry import stand_in
 from labrun.plan import Plan, coverage, output_exists
 from labrun.crashpoints import crashpoint
 from labrun.resources import TEMPLATES, template_cache
@@ -389,6 +390,7 @@ def render_state_md(state: SessionState, workspace: str) -> str:
     plan = state.plan
     text = _env.get_template("STATE.md.j2").render(
         state=state,
+        stand_in=stand_in(state.agent),
         plan=plan,
         coverage=coverage(plan, state.live_attempts()),
         outputs=[(p, output_exists(Path(workspace), p), plan.deviation(p)) for p in plan.outputs],

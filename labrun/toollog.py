@@ -2,8 +2,8 @@
 
 The tool log is what the engine kept of the phase: its journals (`conversation-NNN.jsonl`:
 the Messages API's `web_fetch` results, `bash` calls and their results), its experiment
-attempts, and Claude Code's own event logs beside them (`claude-run-NNN.jsonl`: its
-`WebFetch` and `Bash` calls). A source counts as fetched when a fetch of its address
+attempts, and a backend's own transcripts beside them (Claude Code's `claude-run-NNN.jsonl`),
+which that backend reads into backend-neutral `ToolRun`s. A source counts as fetched when a fetch of its address
 succeeded there; search results alone do not count. A fetch that was tried and failed is
 kept too: it is what a claim that nothing could be fetched rests on.
 
@@ -17,8 +17,11 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from itertools import chain
+from typing import Any, Iterable, Iterator, Literal, NamedTuple
 from urllib.parse import urlsplit
+
+from labrun.agents.registry import tool_runs
 
 URL = re.compile(r"https?://[^\s<>\"'`|\\^{}\[\]()]+")
 ARXIV_ID = r"(\d{4}\.\d{4,5}|[a-z][a-z.\-]*/\d{7})(?:v\d+)?"
@@ -60,61 +63,57 @@ def failed(phase_dir: Path, attempts: Iterable[Any] = ()) -> set[str]:
     return {source_key(url) for url, ok in fetches(phase_dir, attempts) if not ok}
 
 
+class ToolRun(NamedTuple):
+    """One tool call that may have reached the network, whichever backend made it: a `fetch`
+    of the address `target` (the Messages API's `web_fetch`, Claude Code's `WebFetch`), or a
+    `shell` command `target` (a download when it runs a program that fetches); `ok` when it
+    succeeded."""
+
+    kind: Literal["fetch", "shell"]
+    target: str
+    ok: bool
+
+
 def fetches(phase_dir: Path, attempts: Iterable[Any] = ()) -> Iterator[tuple[str, bool]]:
-    """Every fetch the phase's tools tried: (address, whether it succeeded)."""
-    yield from _journal_fetches(phase_dir)
-    yield from _claude_code_fetches(phase_dir)
+    """Every fetch the phase's tools tried: (address, whether it succeeded). Its tool calls
+    are labrun's journal's and those a backend's own transcripts show (read by the backend,
+    `labrun.agents.registry.tool_runs`)."""
+    for run in chain(journal_tool_runs(phase_dir), tool_runs(phase_dir)):
+        if run.kind == "fetch":
+            yield run.target, run.ok
+        elif DOWNLOADER.search(run.target):
+            yield from ((u, run.ok) for u in URL.findall(run.target))
     for a in attempts:
         if a.status in ("SUCCESS", "FAILED") and DOWNLOADER.search(a.command):
             yield from ((u, a.status == "SUCCESS") for u in URL.findall(a.command))
 
 
-def _journal_fetches(phase_dir: Path) -> Iterator[tuple[str, bool]]:
-    calls: dict[str, dict] = {}
-    for record in _records(phase_dir.glob("conversation-*.jsonl")):
+def journal_tool_runs(phase_dir: Path) -> Iterator[ToolRun]:
+    """The journal's (`conversation-NNN.jsonl`): the Messages API's `web_fetch` results, in
+    the reply that made the call, and `bash` calls with their results."""
+    calls: dict[str, tuple[str, dict]] = {}
+    for record in records(phase_dir.glob("conversation-*.jsonl")):
         if record.get("kind") == "reply":
             for block in record.get("content") or []:
                 if block.get("type") == "web_fetch_tool_result":
                     content = block.get("content") or {}
                     if content.get("type") == "web_fetch_result" and content.get("url"):
-                        yield content["url"], True
+                        yield ToolRun("fetch", content["url"], True)
                     elif content.get("type") == "web_fetch_tool_result_error":
-                        asked = calls.get(block.get("tool_use_id")) or {}
+                        _, asked = calls.get(block.get("tool_use_id")) or ("", {})
                         if asked.get("url"):
-                            yield str(asked["url"]), False
+                            yield ToolRun("fetch", str(asked["url"]), False)
                 elif block.get("type") in ("tool_use", "server_tool_use") and block.get("name") in ("bash", "web_fetch"):
-                    calls[block.get("id")] = block.get("input") or {}
+                    calls[block.get("id")] = (block["name"], block.get("input") or {})
         elif record.get("kind") == "tool_result" and record.get("tool_use_id") in calls:
-            command = str(calls[record["tool_use_id"]].get("command") or "")
+            name, asked = calls[record["tool_use_id"]]
             output = str(record.get("content") or "")
-            if DOWNLOADER.search(command):
-                ok = not record.get("is_error") and "[exit code:" not in output
-                yield from ((u, ok) for u in URL.findall(command))
+            if name == "bash":
+                yield ToolRun("shell", str(asked.get("command") or ""),
+                              not record.get("is_error") and "[exit code:" not in output)
 
 
-def _claude_code_fetches(phase_dir: Path) -> Iterator[tuple[str, bool]]:
-    """Claude Code's stream-json events: an `assistant` event's `tool_use` block, answered
-    by a `user` event's `tool_result` (an error when it failed)."""
-    calls: dict[str, tuple[str, dict]] = {}
-    for event in _records(phase_dir.glob("claude-run-*.jsonl")):
-        content = (event.get("message") or {}).get("content")
-        if not isinstance(content, list):
-            continue
-        for block in content:
-            if not isinstance(block, dict):
-                continue
-            if block.get("type") == "tool_use":
-                calls[block.get("id")] = (block.get("name") or "", block.get("input") or {})
-            elif block.get("type") == "tool_result" and block.get("tool_use_id") in calls:
-                ok = not block.get("is_error")
-                name, inp = calls[block["tool_use_id"]]
-                if name == "WebFetch" and inp.get("url"):
-                    yield str(inp["url"]), ok
-                elif name == "Bash" and DOWNLOADER.search(str(inp.get("command") or "")):
-                    yield from ((u, ok) for u in URL.findall(str(inp.get("command"))))
-
-
-def _records(files: Iterable[Path]) -> Iterator[dict]:
+def records(files: Iterable[Path]) -> Iterator[dict]:
     """Every JSON object in the files, in order; a line that is not one is skipped (the
     journal's own reader reports damage, this one only looks for fetches)."""
     for path in sorted(files):

@@ -19,15 +19,17 @@ from fake_messages_api import FakeMessagesAPI  # noqa: E402
 
 from labrun.agents.anthropic import (  # noqa: E402
     CONTEXT_MANAGEMENT_BETA,
-    DEFAULT_MODEL,
     AnthropicModel,
     check_credentials,
     retry_after_seconds,
     with_cache_breakpoints,
 )
+from labrun.agents.registry import BACKENDS  # noqa: E402
 from labrun.model import FatalModelError, ModelRequest, TransientModelError  # noqa: E402
 from labrun.prices import BUILTIN_PRICES, cost_usd  # noqa: E402
 from labrun.usage import Usage  # noqa: E402
+
+DEFAULT_MODEL = BACKENDS["anthropic"].default_model
 
 TOOLS = [
     {"type": "bash_20250124", "name": "bash"},

@@ -79,7 +79,7 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_graph_sees_imports_inside_functions_and_through_packages():
     graph = import_graph()
     assert "labrun.turns" in graph["labrun.agents.backends"]
-    assert "labrun.agents" in graph["labrun.prompts"]  # through labrun.agents.names
+    assert "labrun.agents" in graph["labrun.prompts"]  # through labrun.agents.registry
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 

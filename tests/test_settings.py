@@ -14,7 +14,8 @@ import pytest
 from support import DEMO_IDEA, REPO, labrun
 from labrun import settings as settings_module
 from labrun import snapshot, windows
-from labrun.agents.anthropic import DEFAULT_MODEL, model_name
+from labrun.agents.anthropic import model_name
+from labrun.agents.registry import BACKENDS
 from labrun.settings import BadSetting, Settings, settings, table
 from labrun.workspace import Workspace
 
@@ -35,7 +36,7 @@ def test_every_field_says_what_it_does_and_the_help_uses_it():
     for name, field in Settings.model_fields.items():
         assert field.description and "\n" not in field.description, name
     assert VARIABLES["LABRUN_MIN_FREE_MB"] == Settings.model_fields["min_free_mb"].description
-    assert DEFAULT_MODEL in VARIABLES["LABRUN_MODEL"]
+    assert BACKENDS["anthropic"].default_model in VARIABLES["LABRUN_MODEL"]
 
 
 def test_a_variable_set_in_the_environment_is_seen_without_a_reimport(monkeypatch, tmp_path):
@@ -61,7 +62,7 @@ def test_an_empty_value_means_the_default_where_it_did(monkeypatch):
     s = settings()
     assert s.phase_timeout_s is None  # the idea's time limit
     assert s.min_window_wait_s == 60 and windows.min_wait_s() == 60
-    assert s.model is None and model_name() == DEFAULT_MODEL
+    assert s.model is None and model_name() == BACKENDS["anthropic"].default_model
     assert s.crash_at == "" and s.pass_env == ""
     assert s.cli_pidns and s.context_management and not s.model_api_limit
     # where an empty value was passed on as it is, it still is (the read site judges it)

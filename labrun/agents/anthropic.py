@@ -18,6 +18,7 @@ from typing import Any, Mapping
 import anthropic
 import httpx2
 
+from labrun.agents.registry import model_of
 from labrun.crashpoints import crashpoint
 from labrun.model import FatalModelError, ModelError, ModelReply, ModelRequest, TransientModelError
 from labrun.prices import cost_usd, load_prices, price_for
@@ -25,7 +26,6 @@ from labrun.secrets import redact
 from labrun.settings import settings
 from labrun.usage import Usage
 
-DEFAULT_MODEL = "claude-opus-5-5"  # the docs' "start here for most workloads", Nov 2026
 EPHEMERAL = {"type": "ephemeral"}
 CONTEXT_MANAGEMENT_BETA = "context-management-2025-06-27"
 # Clear old tool results (oldest first, keeping the latest few) once the prompt passes
@@ -72,8 +72,8 @@ _CONTEXT_OVERFLOW = re.compile(
 
 
 def model_name(model: str | None = None) -> str:
-    """The model a session asks for: `--model`, else LABRUN_MODEL, else the default."""
-    return model or settings().model or DEFAULT_MODEL
+    """The model a session asks for: `--model`, else LABRUN_MODEL, else the registry's default."""
+    return model_of("anthropic", model) or ""  # never empty: the entry names a default
 
 
 def check_credentials(environ: Mapping[str, str] | None = None) -> None:
@@ -84,6 +84,11 @@ def check_credentials(environ: Mapping[str, str] | None = None) -> None:
             "No Anthropic API key: export ANTHROPIC_API_KEY=... "
             "(or run `labrun demo` for the offline demo with the scripted agent)."
         )
+
+
+def make(model: str | None, workspace: object = None) -> AnthropicModel:
+    """The registry's factory: the Messages API needs no workspace."""
+    return AnthropicModel(model)
 
 
 class AnthropicModel:

@@ -1,14 +1,14 @@
-"""Making an agent backend by name: a model API behind labrun's durable turn loop, or a coding
-CLI with its own; and refusing, before a session starts, a budget labrun could not count."""
+"""Making an agent backend by name, from its registry entry (`labrun.agents.registry`): a model
+API behind labrun's durable turn loop, or a coding CLI with its own; checking, before a session
+starts, that it can run here; and refusing a budget labrun could not count."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from labrun import suggest
 from labrun.agents import Agent
-from labrun.agents.names import AGENTS, AgentUnavailable
-from labrun.model import Model
+from labrun.agents.registry import AgentUnavailable, backend, load, model_of
+from labrun.model import FatalModelError, Model
 
 
 class ModelAgent:
@@ -26,27 +26,26 @@ class ModelAgent:
         run_turns(self.model, toolbox, convo, system, max_turns, budget)
 
 
+def check_agent(agent: str) -> None:
+    """AgentUnavailable, in one line, when `agent` is unknown or cannot run here (its
+    credentials, its executable, its login), before any server starts."""
+    b = backend(agent)
+    if b.check is None:
+        return
+    try:
+        load(b.check)()
+    except FatalModelError as e:  # a model API's own refusal of its credentials
+        raise AgentUnavailable(str(e)) from None
+
+
 def require_priced(agent: str | None, model: str | None, budget_usd: float | None) -> None:
     """With a budget set, refuse an agent whose costs labrun cannot count (`PriceUnknown`):
-    those labrun prices itself (the Messages API's tokens; Codex and Gemini CLI report
-    tokens only), on `model` or the agent's default."""
-    if budget_usd is None or agent not in ("anthropic", "codex", "gemini"):
-        return  # the scripted agent costs nothing; Claude Code reports its own cost
+    one labrun prices itself, on `model` or the agent's default."""
+    if budget_usd is None or agent is None or not backend(agent).priced:
+        return  # a free agent costs nothing; a billed one reports its own cost
     from labrun.prices import require_price
 
-    if agent == "anthropic":
-        from labrun.agents.anthropic import model_name
-
-        model = model_name(model)
-    elif agent == "codex":
-        from labrun.agents.codex import DEFAULT_MODEL
-
-        model = model or DEFAULT_MODEL
-    else:
-        from labrun.agents.gemini import DEFAULT_MODEL
-
-        model = model or DEFAULT_MODEL
-    require_price(model)
+    require_price(model_of(agent, model))
 
 
 def _model_agent(model: Model) -> ModelAgent:
@@ -57,24 +56,6 @@ def _model_agent(model: Model) -> ModelAgent:
 
 
 def make_agent(agent: str, model: str | None = None, workspace: str | Path | None = None) -> Agent:
-    if agent == "scripted":
-        from labrun.agents.scripted import ScriptedModel
-
-        return _model_agent(ScriptedModel(workspace))
-    if agent == "anthropic":
-        from labrun.agents.anthropic import AnthropicModel
-
-        return _model_agent(AnthropicModel(model))
-    if agent == "claude-code":
-        from labrun.agents.claude_code import ClaudeCodeAgent
-
-        return ClaudeCodeAgent(model, workspace)
-    if agent == "codex":
-        from labrun.agents.codex import CodexAgent
-
-        return CodexAgent(model, workspace)
-    if agent == "gemini":
-        from labrun.agents.gemini import GeminiAgent
-
-        return GeminiAgent(model, workspace)
-    raise AgentUnavailable(suggest.unknown("agent", agent, AGENTS))
+    b = backend(agent)
+    made = load(b.factory)(model, workspace)
+    return made if b.own_shell else _model_agent(made)

@@ -37,6 +37,8 @@ process lifetime, the journal, the MCP tool server). This module holds what is C
   and none of them the machine's loopback. A subscription login (`CLAUDE_CODE_OAUTH_TOKEN` or `claude
   /login`) is used when there is one: an exported `ANTHROPIC_API_KEY` would take precedence
   in Claude Code and bill the key, so it is not passed on unless `LABRUN_CLAUDE_AUTH=api-key`.
+- **Its transcripts.** `tool_runs` reads the `WebFetch` and `Bash` calls of a phase's
+  `claude-run-NNN.jsonl` for the rules that ask what the phase fetched (`labrun.toollog`).
 - **The tools.** `ENABLE_TOOL_SEARCH=false` (unless set): Claude Code otherwise lists MCP
   tools by name only, and the model spends a turn per run on `ToolSearch` before it can
   call `complete_phase`. `bench/claude_tools.py` measured a six-phase session at 20 requests
@@ -74,11 +76,12 @@ from pathlib import Path
 from typing import Any, Iterator
 from zoneinfo import ZoneInfo
 
-from labrun.agents.names import AgentUnavailable, web_tools
+from labrun.agents.registry import AgentUnavailable, web_tools
 from labrun.agents.cli_agent import (CliAgent, Finished, Outcome, Retrying, RunPlan, Started, Streamed,
-                                     ToolUsed, Verdict, Window, installed)
+                                     ToolUsed, Verdict, Window, installed, transcripts)
 from labrun.agents.cli_process import passed_env
 from labrun.settings import settings
+from labrun.toollog import ToolRun, records
 from labrun.usage import Usage, count
 from labrun.windows import clock
 
@@ -283,6 +286,30 @@ class ClaudeCodeAgent(CliAgent):
 
 
 # -- reading Claude Code ------------------------------------------------------------------------
+
+
+def tool_runs(phase_dir: Path) -> Iterator[ToolRun]:
+    """The `WebFetch` and `Bash` calls of the phase's transcripts (`claude-run-NNN.jsonl`, its
+    stream-json events): an `assistant` event's `tool_use` block, answered by a `user` event's
+    `tool_result` (an error when it failed)."""
+    calls: dict[str, tuple[str, dict]] = {}
+    for event in records(transcripts(phase_dir, ClaudeCodeAgent.name)):
+        content = (event.get("message") or {}).get("content")
+        if not isinstance(content, list):
+            continue
+        for block in content:
+            if not isinstance(block, dict):
+                continue
+            if block.get("type") == "tool_use":
+                calls[block.get("id")] = (block.get("name") or "", block.get("input") or {})
+            elif block.get("type") == "tool_result" and block.get("tool_use_id") in calls:
+                ok = not block.get("is_error")
+                name, asked = calls[block["tool_use_id"]]
+                if name == "WebFetch" and asked.get("url"):
+                    yield ToolRun("fetch", str(asked["url"]), ok)
+                elif name == "Bash":
+                    yield ToolRun("shell", str(asked.get("command") or ""), ok)
+
 
 
 def tokens(usage: dict[str, Any] | None) -> Usage:

@@ -89,7 +89,7 @@ from prefect.cache_policies import NO_CACHE
 from labrun import prompts
 from labrun.agents.cli_process import feed_stdin, read_stdout, version
 from labrun.agents.cli_usage import cli_turns, current_session, cut_run, known_tools, record_result
-from labrun.agents.names import AgentUnavailable
+from labrun.agents.registry import AgentUnavailable
 from labrun.journal import Conversation
 from labrun.mcp_tools import ToolCall, ToolServer, run_call
 from labrun.model import FatalModelError, TransientModelError, UsageWindowSpent

@@ -65,7 +65,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from labrun import prompts
-from labrun.agents.names import AgentUnavailable
+from labrun.agents.registry import AgentUnavailable, model_of
 from labrun.agents.cli_agent import (CliAgent, Finished, Outcome, Retrying, RunPlan, Started, ToolUsed, Verdict,
                                      installed, shorten)
 from labrun.agents.cli_process import passed_env
@@ -81,7 +81,6 @@ TOOLS_NOTE = "codex.md.j2"
 RESUME_NOTE = "codex_resume.md.j2"
 DEFAULT_API = "https://api.openai.com/v1"
 """Where `codex exec` sends an API key's requests, unless OPENAI_BASE_URL names another."""
-DEFAULT_MODEL = "gpt-5.5"  # priced in labrun's table; Codex's own default (gpt-6.1-sol) has no published price
 RECONNECTING = re.compile(r"^Reconnecting\.\.\. (\d+)/(\d+)(?: \((.*)\))?", re.S)
 STATUS = re.compile(r"last status: (\d{3})|unexpected status (\d{3})")
 USAGE_LIMIT = re.compile(r"hit your usage limit", re.I)
@@ -106,7 +105,7 @@ class CodexAgent(CliAgent):
     tools_note = TOOLS_NOTE
 
     def __init__(self, model: str | None = None, workspace: str | Path | None = None):
-        super().__init__(native_binary(settings().codex), model or DEFAULT_MODEL, workspace)
+        super().__init__(native_binary(settings().codex), model_of("codex", model), workspace)
         self.home = codex_home()
         self.login = login(self.executable, str(self.home))
         if self.login is None:

@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any, Iterator
 from zoneinfo import ZoneInfo
 
-from labrun.agents.names import AgentUnavailable
+from labrun.agents.registry import AgentUnavailable, model_of
 from labrun.agents.cli_agent import (CliAgent, Finished, Outcome, RunPlan, Started, ToolUsed, Verdict, installed,
                                      shorten)
 from labrun.agents.cli_process import passed_env, version
@@ -74,7 +74,6 @@ DEFAULT_API = "https://generativelanguage.googleapis.com"
 """The Gemini API, where GOOGLE_GEMINI_BASE_URL names no other."""
 
 TOOLS_NOTE = "gemini.md.j2"
-DEFAULT_MODEL = "gemini-2.5-pro"
 CONTEXT_FILE = "labrun-phase.md"
 MCP_SOCKET = "/run/labrun/mcp.sock"
 """Where the engine's MCP socket is bound in the sandbox (whose /run is its own)."""
@@ -100,7 +99,7 @@ class GeminiAgent(CliAgent):
     in_sandbox = True
 
     def __init__(self, model: str | None = None, workspace: str | Path | None = None):
-        super().__init__(installed(settings().gemini, MISSING), model or DEFAULT_MODEL, workspace)
+        super().__init__(installed(settings().gemini, MISSING), model_of("gemini", model), workspace)
         self.login = login()
         if self.login is None:
             raise AgentUnavailable(NOT_LOGGED_IN.format(said=" (no GEMINI_API_KEY, no Google login in ~/.gemini)",

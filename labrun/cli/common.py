@@ -10,10 +10,7 @@ from rich.console import Console
 console = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
-from labrun.agents.names import DEFAULT_AGENT  # noqa: F401  (named in --help)
-
-DEFAULT_MODEL = "claude-opus-5-5"
-"""labrun.agents.anthropic.DEFAULT_MODEL, named here so that `--help` needs no SDK import."""
+from labrun.agents.registry import DEFAULT_AGENT  # noqa: F401  (named in --help)
 
 
 STYLES = {"DONE": "green", "SUCCESS": "green", "REPRODUCED": "green", "SCORED": "green", "finished": "green",

@@ -7,26 +7,21 @@ import argparse
 import textwrap
 
 from labrun import __version__, suggest
-from labrun.agents import AGENTS
-from labrun.cli.common import DEFAULT_AGENT, DEFAULT_MODEL
+from labrun.agents.registry import BACKENDS, DEFAULT_AGENT, names
 from labrun.serving import (DEFAULT_CRASH_AFTER_S, DEFAULT_HOST, DEFAULT_PORT,
                             DEFAULT_SESSION_SLOTS, SESSION_DEPLOYMENT, SESSION_QUEUE)
 from labrun.settings import described
 
 OTHER_VARIABLES = {
-    "ANTHROPIC_API_KEY": "the anthropic agent's key (or ANTHROPIC_AUTH_TOKEN)",
-    "ANTHROPIC_BASE_URL": "another endpoint for the Messages API (a proxy, a gateway)",
-    "CODEX_HOME": "Codex's login and sessions (default ~/.codex); CODEX_API_KEY an API key",
-    "GEMINI_API_KEY": "the gemini agent's API key (else the Google login of `gemini`)",
+    **{name: line for b in BACKENDS.values() for name, line in b.variables.items() if line},
     "PREFECT_API_URL": "a Prefect server to run on; without one labrun uses the one `labrun server` "
                        "started, else starts one for the run alone",
     "PREFECT_HOME": "Prefect's database and labrun's server logs (default ~/.prefect)",
 }
-"""The variables of other programs that labrun reads; its own (LABRUN_*) are `labrun.settings`'."""
-AGENT_VARIABLES = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "LABRUN_MODEL", "LABRUN_CLAUDE",
-                   "LABRUN_CLAUDE_PERMISSIONS", "LABRUN_CODEX", "CODEX_HOME", "LABRUN_GEMINI", "GEMINI_API_KEY",
-                   "LABRUN_PHASE_TIMEOUT_S", "LABRUN_PASS_ENV", "LABRUN_MIN_FREE_MB",
-                   "LABRUN_CONTEXT_MANAGEMENT", "LABRUN_PRICES")
+"""The variables of other programs that labrun reads (the agent backends' from their registry
+entries); its own (LABRUN_*) are `labrun.settings`'."""
+AGENT_VARIABLES = (*(name for b in BACKENDS.values() for name in b.variables),
+                   "LABRUN_PHASE_TIMEOUT_S", "LABRUN_PASS_ENV", "LABRUN_MIN_FREE_MB", "LABRUN_PRICES")
 ENGINE_VARIABLES = ("PREFECT_API_URL", "PREFECT_HOME")
 LABRUN_VARIABLES = described()
 """labrun's own variables (`labrun.settings`), each with its field's docstring."""
@@ -77,12 +72,10 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("idea", help="the idea file (YAML, NeuriCo's schema v1.1)")
     run.add_argument("--workspace", required=True, help="the session's folder (made if missing)")
     run.add_argument("--agent", type=_agent, metavar="AGENT", default=None,
-                     help=f"who does the research: {', '.join(AGENTS)} (default: {DEFAULT_AGENT} for a new "
+                     help=f"who does the research: {', '.join(names())} (default: {DEFAULT_AGENT} for a new "
                      "session; a resumed one keeps its own)")
     run.add_argument("--model", default=None,
-                     help=f"the model (default: for anthropic $LABRUN_MODEL, else {DEFAULT_MODEL}; for "
-                     "claude-code, claude's own; for codex, gpt-5.5; for gemini, gemini-2.5-pro; a resumed "
-                     "session keeps its own)")
+                     help=f"the model (default: {_default_models()}; a resumed session keeps its own)")
     _optional_phases(run, "to run besides the six research phases", "those the idea asks for")
     _review_after(run)
     _limits(run)
@@ -151,7 +144,7 @@ def parser() -> argparse.ArgumentParser:
                        help="the first phase to run again, one of the session's: "
                        f"{', '.join(_phase_order())}; the earlier ones are reused")
     rerun.add_argument("--agent", type=_agent, metavar="AGENT", default=None,
-                       help=f"the new branch's agent: {', '.join(AGENTS)} (default: the session's)")
+                       help=f"the new branch's agent: {', '.join(names())} (default: the session's)")
     rerun.add_argument("--model", default=None, help="the new branch's model (default: the session's)")
     rerun.add_argument("--note", default="", help="why this branch, shown by `labrun branches`, and a note "
                        "for the prompts of the phases it runs (default: none)")
@@ -174,7 +167,7 @@ def parser() -> argparse.ArgumentParser:
                     ("PREFECT_API_URL", "PREFECT_HOME"))
     queue.add_argument("ideas", nargs="+", metavar="IDEA|DIR", help="idea files, or folders of them")
     queue.add_argument("--agent", type=_agent, metavar="AGENT", default=None,
-                       help=f"the agent of new sessions: {', '.join(AGENTS)} (default: {DEFAULT_AGENT}; a resumed "
+                       help=f"the agent of new sessions: {', '.join(names())} (default: {DEFAULT_AGENT}; a resumed "
                        "session keeps its own)")
     queue.add_argument("--model", default=None, help="the model of new sessions (default: the agent's own)")
     queue.add_argument("--workspaces", default="workspaces", metavar="ROOT",
@@ -227,9 +220,20 @@ def _phase_order() -> list[str]:
 
 def _agent(name: str) -> str:
     """An agent's name, or the near one it misses."""
-    if name not in AGENTS:
-        raise argparse.ArgumentTypeError(suggest.unknown("agent", name, AGENTS))
+    if name not in names():
+        raise argparse.ArgumentTypeError(suggest.unknown("agent", name, names()))
     return name
+
+
+def _default_models() -> str:
+    """Each backend's model when `--model` names none, as its registry entry says."""
+    said = []
+    for b in BACKENDS.values():
+        if b.stand_in:
+            continue  # plays no model
+        model = f"$LABRUN_MODEL, else {b.default_model}" if b.model_variable else b.default_model or "its own"
+        said.append(f"for {b.name}, {model}")
+    return "; ".join(said)
 
 
 def _at_least(low, kind):

@@ -13,6 +13,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from labrun.agents.registry import DEMO_AGENT
 from labrun.cli.common import DEFAULT_AGENT, CliError, console, err, labrun_command, phase_options
 from labrun.cli.display import SessionDisplay, summary
 from labrun.resources import EXAMPLES
@@ -104,7 +105,7 @@ def cmd_demo(args) -> int:
     check_workspace(root)
     if (stored := _stored_state(root)) is not None and (done := _nothing_to_do(root, args, stored)) is not None:
         return done
-    return run_session(Run(idea_path=str(DEMO_IDEA), workspace=args.workspace, agent="scripted", verbose=args.verbose,
+    return run_session(Run(idea_path=str(DEMO_IDEA), workspace=args.workspace, agent=DEMO_AGENT, verbose=args.verbose,
                            start_again=f"{labrun_command()} demo {args.workspace}"))
 
 
@@ -184,31 +185,20 @@ def _nothing_to_do(root: Path, args, stored) -> int | None:
 def _check_agent(run: Run) -> None:
     """The agent's credentials and executable, and a price for a budgeted model, before any
     server starts."""
-    from labrun.agents import CLI_AGENTS, AgentUnavailable
-    from labrun.agents.backends import require_priced
+    from labrun.agents.backends import check_agent, require_priced
+    from labrun.agents.registry import backend
     from labrun.idea import load_idea
 
     stored = _stored_state(Path(run.workspace))
     effective = run.agent or (stored.agent if stored else None)
+    if effective is None:
+        return
     budget = run.budget_usd
-    if budget is None and effective in ("anthropic", "codex", "gemini"):  # labrun prices these: the
-        # session's budget, else the idea's (as Session.open decides)
-        budget = stored.budget_usd if stored else load_idea(run.idea_path).agent_budget_usd
-    if effective == "anthropic":
-        from labrun.agents.anthropic import check_credentials
-
-        try:
-            check_credentials()
-        except Exception as e:
-            raise CliError(str(e)) from None
-    if effective in CLI_AGENTS:
-        from labrun.agents.backends import make_agent
-
-        try:
-            make_agent(effective, run.model, run.workspace)  # finds the CLI and its login, or says how to get them
-        except AgentUnavailable as e:
-            raise CliError(str(e)) from None
     try:
+        if budget is None and backend(effective).priced:  # the session's budget, else the idea's
+            # (as Session.open decides): labrun counts this agent's costs against it
+            budget = stored.budget_usd if stored else load_idea(run.idea_path).agent_budget_usd
+        check_agent(effective)  # its credentials, its executable and login, or how to get them
         require_priced(effective, run.model or (stored.model if stored else None), budget)
     except Exception as e:
         raise CliError(str(e)) from None

@@ -461,6 +461,11 @@ def phase_of(system: str) -> str:
     return found.group(1)
 
 
+def make(model: str | None, workspace: str | Path | None) -> ScriptedModel:
+    """The registry's factory: the scripted agent plays no model, so `model` is not used."""
+    return ScriptedModel(workspace)
+
+
 class ScriptedModel:
     """Plays the model's part from SCRIPT. Zero cost; tokens are estimated (4 chars each)."""
 
