@@ -6,10 +6,11 @@ opens the session with it."""
 from __future__ import annotations
 
 import inspect
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from labrun import suggest
 from labrun.agents.registry import names
 
 
@@ -22,7 +23,7 @@ class RunParams(BaseModel):
     workspace: str | None = Field(None, description=(
         "The session's folder on the worker (required): a new session is made there, an existing "
         "one resumed."))
-    agent: Literal[names()] | None = Field(None, description=(
+    agent: str | None = Field(None, description=(
         "The agent backend; a new session without one gets labrun's default, a resumed one keeps its own."))
     model: str | None = Field(None, description="The model; else the backend's default, or the session's.")
     budget_usd: float | None = Field(None, ge=0, description=(
@@ -46,6 +47,14 @@ class RunParams(BaseModel):
     review_after: list[str] | None = Field(None, description=(
         "Phases a person reviews once they complete; a new session takes them, else the idea's "
         "metadata.review_after; a later run's list replaces the session's."))
+
+    @field_validator("agent")
+    @classmethod
+    def _known(cls, agent: str | None) -> str | None:
+        """Checked when it is given, against the backends registered then."""
+        if agent is not None and agent not in names():
+            raise ValueError(suggest.unknown("agent", agent, names()))
+        return agent
 
     def parameters(self) -> dict[str, Any]:
         """The flow run's parameters: only what was given, so that a resume keeps the rest."""
