@@ -147,16 +147,27 @@ def test_without_bubblewrap_commands_run_and_the_user_is_told_once(session, tmp_
     bin_dir.mkdir()
     os.symlink(shutil.which("bash"), bin_dir / "bash")
     monkeypatch.setenv("PATH", str(bin_dir))
-    sandbox.bubblewrap.cache_clear()
+    sandbox.probed_bubblewrap.cache_clear()
     try:
         with caplog.at_level(logging.WARNING, logger="labrun"):
             first = bash(session, "echo one")
             second = bash(session, "echo two")
     finally:
-        sandbox.bubblewrap.cache_clear()
+        sandbox.probed_bubblewrap.cache_clear()
     assert "one" in first and "two" in second
     warnings = [r.getMessage() for r in caplog.records if "unsandboxed" in r.getMessage()]
     assert len(warnings) == 1 and "apt-get install bubblewrap" in warnings[0]
+
+
+@needs_bwrap
+def test_bubblewrap_is_looked_up_on_the_path_as_it_is_now(tmp_path, monkeypatch):
+    """A PATH without bwrap for a while (a test's, a user's shell) does not leave the
+    engine unsandboxed once bwrap is on PATH again."""
+    found = sandbox.bubblewrap()
+    with monkeypatch.context() as m:
+        m.setenv("PATH", str(tmp_path))
+        assert sandbox.bubblewrap() is None
+    assert sandbox.bubblewrap() == found
 
 
 KEYRING_PROBE = """
