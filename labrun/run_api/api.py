@@ -14,12 +14,16 @@ import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from labrun.prefect_processes import (ServerError, free_port, healthy, new_database, prefect_home, server_env, stop,
                                       wait_healthy)
 from labrun.run_api import kept as kept_api
 from labrun.run_api.process import start_api
 from labrun.serving.address import configured_api_url, labrun_server_url
+
+if TYPE_CHECKING:
+    import psutil
 
 
 @dataclass
