@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from support import DEMO_IDEA, require_bubblewrap, wait_for
+from support import DEMO_IDEA, wait_for
 from labrun import sandbox
 from labrun.session import Session
 from labrun.phases import BY_KEY
@@ -26,20 +26,8 @@ from labrun.phases.phase import toolbox
 needs_bwrap = pytest.mark.usefixtures("bubblewrap_works")
 
 
-@pytest.fixture
-def bubblewrap_works():
-    require_bubblewrap()
-
-
 def open_session(tmp_path, idea=DEMO_IDEA, **settings) -> Session:
     return Session.open(tmp_path / "ws", idea, "scripted", **settings)
-
-
-@pytest.fixture
-def session(tmp_path):
-    s = open_session(tmp_path)
-    yield s
-    s.close()
 
 
 def bash(session: Session, command: str) -> str:
