@@ -327,7 +327,7 @@ def verdict(criterion: Any, check: CriterionCheck | None, standings: Sequence[St
         if not on:
             return Verdict(criterion, "unmet", ENGINE, f"{check.describe()}: no claim gives {check.metric}", ids)
         # every claim must hold (the worst of them decides): a mean of two could pass where neither does
-        met = all(check.holds(s.value) for s in on)
+        met = all(check.holds(s.value) for s in on)  # type: ignore[arg-type]  # `on`: those with a value
         basis = f"{check.describe()}: " + ", ".join(f"{_num(s.value)} ({s.claim.id})" for s in on)
         if met and not all(s.confirmed for s in on):
             return Verdict(criterion, "unconfirmed", ENGINE, basis + "; " + "; ".join(s.status for s in on

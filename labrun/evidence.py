@@ -35,7 +35,7 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 from labrun.snapshot import entry_digest
 from labrun.wsfs import Beneath, Refused
@@ -115,7 +115,7 @@ class _Shell:
     cwd: str | None = ""
     pythonpath: tuple[str, ...] = ()
 
-    def path(self, word: str, cwd: str | None | bool = False) -> str | None:
+    def path(self, word: str, cwd: str | None | Literal[False] = False) -> str | None:
         """`word` as a path relative to the workspace root, None when it is outside it."""
         cwd = self.cwd if cwd is False else cwd
         word = re.sub(r"^\$\{?PWD\}?(?=/|$)", ".", word)
@@ -128,7 +128,7 @@ class _Shell:
         rel = posixpath.normpath(posixpath.join(cwd, word))
         return None if rel == ".." or rel.startswith("../") else ("" if rel == "." else rel)
 
-    def file(self, word: str | None, cwd: str | None | bool = False) -> str | None:
+    def file(self, word: str | None, cwd: str | None | Literal[False] = False) -> str | None:
         """The workspace file `word` names, if it is one."""
         rel = self.path(word, cwd) if word else None
         return rel if rel and rel in self.before else None
@@ -192,7 +192,7 @@ def _simple_commands(command: str) -> list[tuple[list[str], str | None]]:
     return [(w, s) for w, s in found if w]
 
 
-def _runs(shell: _Shell, words: list[str], stdin: str | None, cwd: str | None | bool = False) -> list[str]:
+def _runs(shell: _Shell, words: list[str], stdin: str | None, cwd: str | None | Literal[False] = False) -> list[str]:
     """The workspace files this simple command runs; a `cd` or an `export` changes the shell."""
     pythonpath = shell.pythonpath
     while words and ASSIGNMENT.match(words[0]):
@@ -246,8 +246,8 @@ def _runs(shell: _Shell, words: list[str], stdin: str | None, cwd: str | None | 
                 inner = _Shell(shell.before, shell.root, here, pythonpath)
                 return [f for w, s in _simple_commands(script[0]) for f in _runs(inner, w, s)]
             return []
-        found = shell.file(script, here) or (shell.file(stdin, here) if script in (None, "-") else None)
-        return [found] if found else []
+        file = shell.file(script, here) or (shell.file(stdin, here) if script in (None, "-") else None)
+        return [file] if file else []
     runner_all = FILE_RUNNERS.get(two) or FILE_RUNNERS.get(name)
     if runner_all is not None:
         args = words[len(two.split()):] if two in FILE_RUNNERS else words[1:]
@@ -271,8 +271,8 @@ def _runs(shell: _Shell, words: list[str], stdin: str | None, cwd: str | None | 
         names = [makefile] if makefile else ["GNUmakefile", "makefile", "Makefile"]
         return [f for f in (shell.file(n, folder) for n in names) if f][:1]
     if "/" in words[0]:  # a program named by its path, not looked up on the PATH
-        found = shell.file(words[0], here)
-        return [found] if found else []
+        file = shell.file(words[0], here)
+        return [file] if file else []
     return []
 
 
@@ -342,8 +342,8 @@ def inline_code(command: str) -> str | None:
         name = posixpath.basename(words[0])
         runner = "python" if PYTHON.fullmatch(name) else name if name in SCRIPT_RUNNERS else None
         if runner in ("sh", "bash", "zsh", "dash", "ksh"):
-            line = _first_argument(words[1:], *SCRIPT_RUNNERS[runner])
-            if isinstance(line, tuple) and (inner := inline_code(line[0])):
+            dash_c = _first_argument(words[1:], *SCRIPT_RUNNERS[runner])
+            if isinstance(dash_c, tuple) and (inner := inline_code(dash_c[0])):
                 return inner  # a shell's `-c` line: its own commands
             continue
         if runner is None or runner in ("source", ".", "lean"):

@@ -158,9 +158,9 @@ class Plan(BaseModel):
             plan.outputs = [normal_path(p) for p in parts["analysis_outputs"]]
         for verdict in parts.get("criteria") or ():
             v = CriterionVerdict.model_validate(verdict)
-            for c in plan.criteria:
-                if c.id == v.id:
-                    c.status, c.note, c.phase = v.status, v.note, phase
+            for criterion in plan.criteria:
+                if criterion.id == v.id:
+                    criterion.status, criterion.note, criterion.phase = v.status, v.note, phase
         for deviation in parts.get("deviations") or ():
             d = Deviation.model_validate(deviation)
             d.id = normal_path(d.id) if d.id not in plan.run_ids() else d.id

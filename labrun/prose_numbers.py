@@ -167,7 +167,7 @@ class _Text:
 
     def blank(self, pattern: "re.Pattern[str]", group: Union[int, str] = 0) -> None:
         """Blank out each match (or one group of it), keeping its line breaks."""
-        def blanked(m: "re.Match[str]") -> list:
+        def blanked(m: "re.Match[str]") -> Union[str, list]:
             a, b = m.span(group)
             if a < 0:
                 return m.group(0)
@@ -319,7 +319,7 @@ def stated(text: str, latex: bool = False) -> list[Stated]:
     for pattern in (VERSION, TIME, INTERVAL_LEVEL):
         t.blank(pattern)
     t.blank(VERSION_WORD, 1)
-    t.blank(REFERENCE, "refs")  # type: ignore[arg-type]
+    t.blank(REFERENCE, "refs")
     return _read(t, latex)
 
 
@@ -338,7 +338,7 @@ def _plain_character(m: "re.Match[str]") -> str:
 
 
 def _markdown_cleaned(t: _Text) -> None:
-    t.sub(MD_ESCAPE, [1])  # type: ignore[arg-type]
+    t.sub(MD_ESCAPE, [1])
     t.sub(TAG, lambda m: "" if m.group(1).lower() in INLINE_TAGS else " ")
     t.sub(FENCE_OR_CODE, _code_span)
     t.blank(LINK_TARGET, 1)
@@ -370,7 +370,7 @@ def _latex_cleaned(t: _Text) -> None:
     t.blank(LAYOUT_DEFINITION)
     for pattern, printed in SIUNITX:
         t.sub(pattern, printed)
-    t.blank(TABULAR_SPEC, "spec")  # type: ignore[arg-type]
+    t.blank(TABULAR_SPEC, "spec")
     for pattern in TEX_NAMES:
         t.blank(pattern)  # `\\href{address}{text}` loses its address only
     t.blank(TEX_OPTIONS, 1)

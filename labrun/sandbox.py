@@ -337,11 +337,14 @@ class Lifeline:
         os.close(self._held)
 
 
-@lru_cache(maxsize=1)
 def bubblewrap() -> str | None:
-    """The path of a working `bwrap`, or None; says once, when there is none, that agent
-    commands run unsandboxed and how to change that."""
-    path = shutil.which("bwrap")
+    """The path of a working `bwrap` on PATH, or None; says once, when there is none, that
+    agent commands run unsandboxed and how to change that."""
+    return probed_bubblewrap(shutil.which("bwrap"))
+
+
+@lru_cache(maxsize=4)  # per `bwrap` found: a PATH changed since the last probe is looked up anew
+def probed_bubblewrap(path: str | None) -> str | None:
     if path is None:
         log.warning("agent commands run unsandboxed: bubblewrap (bwrap) is not installed; %s", HOW_TO_INSTALL)
         return None

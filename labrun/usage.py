@@ -17,7 +17,7 @@ def count(value: object) -> int:
     """A count read from a coding CLI's records, which its shell may write: a whole number,
     never below 0 (a forged record cannot refund the budget); 0 when it is no number."""
     try:
-        return max(0, int(value or 0))
+        return max(0, int(value or 0))  # type: ignore[call-overload]  # what int() refuses is caught
     except (TypeError, ValueError, OverflowError):
         return 0
 

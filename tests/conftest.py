@@ -144,3 +144,126 @@ def abstract_socket():
     yield name
     s.close()
     ESCAPED.unlink(missing_ok=True)
+
+
+# -- fixtures shared by test modules (each defined here once) ---------------------------------
+
+
+@pytest.fixture
+def bubblewrap_works():
+    """Skips the test (in CI: fails it) where bubblewrap cannot make a sandbox."""
+    from support import require_bubblewrap
+
+    require_bubblewrap()
+
+
+@pytest.fixture
+def session_idea() -> Path:
+    """The idea `session` opens: the demo's. A module overrides this fixture for another."""
+    from support import DEMO_IDEA
+
+    return DEMO_IDEA
+
+
+@pytest.fixture
+def session(tmp_path, session_idea, prefect_api):
+    """A scripted session on `session_idea` in this test's folder, with the results/ folder
+    its experiments write to; its tools' attempts are Prefect subtasks on the shared server."""
+    from labrun.session import Session
+
+    s = Session.open(tmp_path / "ws", session_idea, "scripted")
+    (s.ws.root / "results").mkdir()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def api(monkeypatch):
+    """The fake Messages API (tests/fake_messages_api.py), the SDK in this process pointed at it."""
+    from fake_messages_api import FakeMessagesAPI
+
+    with FakeMessagesAPI() as server:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.url)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+        for name in ("ANTHROPIC_AUTH_TOKEN", "LABRUN_MODEL", "LABRUN_PRICES", "LABRUN_CONTEXT_MANAGEMENT"):
+            monkeypatch.delenv(name, raising=False)
+        yield server
+
+
+@pytest.fixture
+def serve(monkeypatch, prefect_api):
+    """`serve(responder)`: the fake Messages API, answering with `responder`; the `labrun`
+    processes the test starts talk to it."""
+    from fake_messages_api import FakeMessagesAPI
+
+    servers = []
+    for name in ("ANTHROPIC_AUTH_TOKEN", "LABRUN_MODEL", "LABRUN_PRICES", "LABRUN_CONTEXT_MANAGEMENT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+
+    def start(responder) -> FakeMessagesAPI:
+        api = FakeMessagesAPI(default=responder, cache_accounting=True).start()
+        servers.append(api)
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.url)
+        return api
+
+    yield start
+    for api in servers:
+        api.stop()
+
+
+TEX_BINARIES = {"latexmk", "pdflatex", "latex", "lualatex", "xelatex", "tex", "etex", "pdftex",
+                "bibtex", "biber", "luatex", "xetex"}
+
+
+@pytest.fixture
+def no_tex(tmp_path, monkeypatch):
+    """The PATH with every TeX program hidden: a folder of links to everything else on it
+    (outside /tmp, which the sandbox of the agent's commands replaces with its own)."""
+    from labrun import latex
+
+    farm = Path(tempfile.mkdtemp(prefix="labrun-bin-without-tex-", dir="/var/tmp"))
+    for folder in os.environ["PATH"].split(os.pathsep):
+        for entry in Path(folder).glob("*") if Path(folder).is_dir() else []:
+            if entry.name not in TEX_BINARIES and not os.path.lexists(farm / entry.name):  # a dangling link too
+                (farm / entry.name).symlink_to(entry)
+    monkeypatch.setenv("PATH", str(farm))
+    assert latex.toolchain() is None
+    yield farm
+    shutil.rmtree(farm, ignore_errors=True)
+
+
+THROWAWAY_PROMPT = """{% extends "system.md.j2" %}
+{% block heading %}# Phase {{ n }} of {{ total }}: {{ key }}{% endblock %}
+{% block instructions %}
+## This phase: a second look
+
+Write `notes/second-look.md` with what a fresh reader would question.
+{% endblock %}
+"""
+
+
+@pytest.fixture
+def throwaway(tmp_path, monkeypatch):
+    """A phase declared and templated in a temp dir, placed after analysis; the scripted
+    agent gets a script for it. The registry is restored afterwards."""
+    from labrun.agents import scripted
+    from labrun.phases import BY_KEY, Files, Phase, Sections, register
+
+    templates = tmp_path / "templates"
+    (templates / "phases").mkdir(parents=True)
+    (templates / "phases" / "second_look.md.j2").write_text(THROWAWAY_PROMPT)
+    phase = Phase("second_look", "Second Look", "question the analysis",
+                  (Files("notes/second-look.md"), Sections(doubts="Doubts")),
+                  max_turns=5, templates=templates, default=False)
+    saved = dict(BY_KEY)
+    register(phase, after="analysis")
+    monkeypatch.setitem(scripted.SCRIPT, "second_look", [
+        lambda r: [scripted._call("str_replace_based_edit_tool", command="create",
+                                  path="notes/second-look.md", file_text="- Only one seed.\n")],
+        lambda r: [scripted._call("complete_phase", summary="Doubts noted.",
+                                  sections={"doubts": "- Only one seed was run."})],
+    ])
+    yield phase
+    BY_KEY.clear()
+    BY_KEY.update(saved)

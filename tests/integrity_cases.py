@@ -287,9 +287,15 @@ class Study:
 
     # what the honest study hands over
 
-    def value(self, metric: str, key: str) -> float:
-        if key not in self.m:
+    def number(self, key: str) -> int:
+        """The number of the honest study's attempt `key`, its stage made first where no case
+        run before this one has made it (the cases run in any order)."""
+        if key not in self.n:
             self.stage("analysed" if key == "stats" else "measured")
+        return self.n[key]
+
+    def value(self, metric: str, key: str) -> float:
+        self.number(key)
         return self.m[key][metric]
 
     @property
@@ -325,7 +331,7 @@ class Study:
                 **over}
 
     def analysis(self, **over) -> dict:
-        n = self.n["stats"]
+        n = self.number("stats")
         return {"summary": "statistics done", "sections": {"learnings": "5-NN beats the centroid on the rings."},
                 "claims": [{"id": "K5", "statement": "exact McNemar test of 5-NN against the baseline, seed 0",
                             "metric": "p_value", "attempts": [n], "value": float(f"{self.value('p_value', 'stats'):.3g}"),

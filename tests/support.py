@@ -6,6 +6,7 @@ importing "conftest" would get whichever was imported first.)
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -79,6 +80,13 @@ def labrun(*args: str, env: dict | None = None, timeout: float = 300) -> subproc
         [sys.executable, "-m", "labrun.cli", *args],
         capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
     )
+
+
+def status(ws: Path, *args: str) -> dict:
+    """`labrun status W --json`, as a user gets it."""
+    result = labrun("status", str(ws), "--json", *args)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
 
 
 def start_labrun(*args: str, env: dict | None = None) -> subprocess.Popen:

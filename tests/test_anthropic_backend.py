@@ -15,7 +15,6 @@ import anthropic
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fake_messages_api import FakeMessagesAPI  # noqa: E402
 
 from labrun.agents.anthropic import (  # noqa: E402
     CONTEXT_MANAGEMENT_BETA,
@@ -46,16 +45,6 @@ def request(messages=None, **kw) -> ModelRequest:
     return ModelRequest(
         system="# Phase 1 of 6: planning", tools=TOOLS, messages=messages or [{"role": "user", "content": "Begin."}], **kw
     )
-
-
-@pytest.fixture
-def api(monkeypatch):
-    with FakeMessagesAPI() as server:
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.url)
-        monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
-        for name in ("ANTHROPIC_AUTH_TOKEN", "LABRUN_MODEL", "LABRUN_PRICES", "LABRUN_CONTEXT_MANAGEMENT"):
-            monkeypatch.delenv(name, raising=False)
-        yield server
 
 
 def no_none(value) -> bool:

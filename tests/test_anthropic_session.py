@@ -22,7 +22,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from auto_responder import IDEA, PLAN as PLAN_MD, TURNS, AutoResearcher, phase_and_turn  # noqa: E402
-from support import attempt_group, labrun, wait_for  # noqa: E402
+from support import attempt_group, labrun, status, wait_for  # noqa: E402
 from fake_messages_api import FakeMessagesAPI, count_tokens, prompt_blocks  # noqa: E402
 
 from labrun.journal import Conversation  # noqa: E402
@@ -52,26 +52,6 @@ def idea(tmp_path) -> Path:
     return path
 
 
-@pytest.fixture
-def serve(monkeypatch, prefect_api):
-    """`serve(responder)`: the fake Messages API, answering with `responder`; the `labrun`
-    processes the test starts talk to it."""
-    servers = []
-    for name in ("ANTHROPIC_AUTH_TOKEN", "LABRUN_MODEL", "LABRUN_PRICES", "LABRUN_CONTEXT_MANAGEMENT"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
-
-    def start(responder: AutoResearcher) -> FakeMessagesAPI:
-        api = FakeMessagesAPI(default=responder, cache_accounting=True).start()
-        servers.append(api)
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.url)
-        return api
-
-    yield start
-    for api in servers:
-        api.stop()
-
-
 def run(idea: Path, ws: Path, *args: str):
     """`labrun run IDEA --workspace W --agent anthropic ...` in its own process."""
     return labrun("run", str(idea), "--workspace", str(ws), "--agent", "anthropic", *args)
@@ -85,13 +65,6 @@ def replies(ws: Path, phase: str | None = None) -> list[dict]:
             for f in Conversation.files(ws / ".labrun" / "phases" / p.key):
                 found += [r for r in Conversation(f, repair=False).records if r["kind"] == "reply"]
     return found
-
-
-def status(ws: Path) -> dict:
-    """`labrun status W --json`, as a user gets it."""
-    result = labrun("status", str(ws), "--json")
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
 
 
 def billed_total(api: FakeMessagesAPI) -> Usage:

@@ -11,17 +11,9 @@ from pathlib import Path
 import pytest
 
 from labrun import artifacts
-from labrun.session import Session
 from labrun.tools import RunExperimentInput
 
 DEMO_IDEA = Path(__file__).resolve().parents[1] / "examples" / "demo_noise_averaging.yaml"
-
-
-@pytest.fixture
-def session(tmp_path):
-    s = Session.open(tmp_path / "ws", DEMO_IDEA, "scripted")
-    yield s
-    s.close()
 
 
 def test_views_hold_state_md_attempts_progress_and_usage(session, monkeypatch):

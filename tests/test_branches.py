@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from support import DEMO_IDEA, labrun, wait_for
+from support import DEMO_IDEA, labrun, status, wait_for
 from labrun.agents.scripted import BUG, FIX
 from labrun.state import parse_state_md, phase_table
 
@@ -45,12 +45,6 @@ def rerun_flow(ws: Path, from_phase: str, **kwargs):
     from labrun.flows.session import research_session
 
     return research_session(None, str(ws), from_phase=from_phase, return_state=True, **kwargs)
-
-
-def status(ws: Path, *args: str) -> dict:
-    result = labrun("status", str(ws), "--json", *args)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
 
 
 def billed_phases(ws: Path) -> list[str]:

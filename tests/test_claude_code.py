@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from support import assert_complete, labrun, processes_with_env, wait_for  # noqa: E402
+from support import assert_complete, processes_with_env, status, wait_for  # noqa: E402
 
 from labrun.agents import claude_code  # noqa: E402
 from labrun.agents.claude_code import SCRUB  # noqa: E402
@@ -97,12 +97,6 @@ def idea(tmp_path) -> Path:
 
 def run(idea: Path, ws: Path, claude: Claude, *args: str, **env: str):
     return claude.labrun("run", str(idea), "--workspace", str(ws), "--agent", "claude-code", *args, **env)
-
-
-def status(ws: Path) -> dict:
-    result = labrun("status", str(ws), "--json")
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
 
 
 def transcripts(ws: Path, phase: str) -> list[list[dict]]:

@@ -28,7 +28,7 @@ import psutil
 import pytest
 import yaml
 
-from support import DEMO_IDEA, require_bubblewrap, wait_for
+from support import DEMO_IDEA, wait_for
 from web_host import serving
 from labrun import sandbox
 from labrun.mcp_tools import ToolServer
@@ -37,9 +37,7 @@ from labrun.phases.phase import toolbox
 from labrun.session import Session
 
 
-@pytest.fixture(autouse=True)
-def bubblewrap_works():
-    require_bubblewrap()
+pytestmark = pytest.mark.usefixtures("bubblewrap_works")
 
 
 PAYLOAD = r'''

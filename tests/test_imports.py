@@ -2,23 +2,31 @@
 that needs another at call time still depends on it (docs/design.md, "Who depends on whom")."""
 
 import ast
+import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("labrun", "flows", "phases")
+
+
+def packages() -> dict[str, Path]:
+    """Each package's folder, from pyproject.toml's package-dir: phases/ is `labrun.phases`."""
+    return {name: REPO / folder for name, folder in
+            tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].items()}
 
 
 def modules() -> dict[str, Path]:
+    """Every module of the house, under the name the code imports it by."""
     found = {}
-    for package in PACKAGES:
-        for path in (REPO / package).rglob("*.py"):
-            parts = path.relative_to(REPO).with_suffix("").parts
+    for package, folder in packages().items():
+        for path in folder.rglob("*.py"):
+            parts = (*package.split("."), *path.relative_to(folder).with_suffix("").parts)
             found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return found
 
 
-def imported(tree: ast.Module) -> list[str]:
-    """Every module name an import statement names, outside `if TYPE_CHECKING:` blocks."""
+def imported(tree: ast.Module, package: str) -> list[str]:
+    """Every module name an import statement names, outside `if TYPE_CHECKING:` blocks; a
+    relative import's as an absolute name, from `package`, the module's own."""
     for_types = {id(n) for block in ast.walk(tree)
                  if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
                  for statement in block.body for n in ast.walk(statement)}
@@ -28,8 +36,10 @@ def imported(tree: ast.Module) -> list[str]:
             continue
         if isinstance(node, ast.Import):
             names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names += [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]) if node.level else ""
+            module = ".".join(part for part in (base, node.module) if part)
+            names += [f"{module}.{alias.name}" for alias in node.names] + [module]
     return names
 
 
@@ -38,7 +48,8 @@ def import_graph() -> dict[str, set[str]]:
     known = modules()
     graph = {name: set() for name in known}
     for name, path in known.items():
-        for target in imported(ast.parse(path.read_text())):
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for target in imported(ast.parse(path.read_text()), package):
             while target and target not in known:
                 target = target.rpartition(".")[0]
             while target and target not in ("labrun", name) and not name.startswith(target + "."):
@@ -80,6 +91,13 @@ def test_the_graph_sees_imports_inside_functions_and_through_packages():
     graph = import_graph()
     assert "labrun.turns" in graph["labrun.agents.backends"]
     assert "labrun.agents" in graph["labrun.prompts"]  # through labrun.agents.registry
+    # phases/ and flows/ under the names the code imports them by, and every module of each
+    assert "labrun.phases.phase" in graph["labrun.flows.session"]
+    assert "labrun.paper" in graph["labrun.phases"]
+    assert len(modules()) == len({path for folder in packages().values() for path in folder.rglob("*.py")})
+    # a relative import, resolved from the module's package
+    relative = ast.parse("from . import rules\nfrom ..state import Attempt")
+    assert set(imported(relative, "labrun.phases")) >= {"labrun.phases.rules", "labrun.state.Attempt"}
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 

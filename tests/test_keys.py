@@ -17,7 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from auto_responder import IDEA, AutoResearcher, _call  # noqa: E402
 from support import DEMO_IDEA, labrun  # noqa: E402
-from test_anthropic_session import BAD_REQUEST, serve  # noqa: E402,F401  (fixture)
+from test_anthropic_session import BAD_REQUEST  # noqa: E402
 
 from labrun.keys import check_warnings  # noqa: E402
 from labrun.idea import parse_idea  # noqa: E402

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from types import SimpleNamespace as NS
 
@@ -25,27 +23,10 @@ from labrun.phases import BY_KEY, CitesFetchedSource, Compiled, LatexPaper, Work
 from labrun.state import Attempt  # noqa: E402
 from labrun.usage import Usage  # noqa: E402
 
-TEX_BINARIES = {"latexmk", "pdflatex", "latex", "lualatex", "xelatex", "tex", "etex", "pdftex",
-                "bibtex", "biber", "luatex", "xetex"}
 NEEDS_TEX = pytest.mark.skipif(
     latex.toolchain() is None,
     reason="needs Debian's TeX: run .ci/install-tex (apt-get install latexmk texlive-latex-base "
            "texlive-latex-recommended)")
-
-
-@pytest.fixture
-def no_tex(tmp_path, monkeypatch):
-    """The PATH with every TeX program hidden: a folder of links to everything else on it
-    (outside /tmp, which the sandbox of the agent's commands replaces with its own)."""
-    farm = Path(tempfile.mkdtemp(prefix="labrun-bin-without-tex-", dir="/var/tmp"))
-    for folder in os.environ["PATH"].split(os.pathsep):
-        for entry in Path(folder).glob("*") if Path(folder).is_dir() else []:
-            if entry.name not in TEX_BINARIES and not os.path.lexists(farm / entry.name):  # a dangling link too
-                (farm / entry.name).symlink_to(entry)
-    monkeypatch.setenv("PATH", str(farm))
-    assert latex.toolchain() is None
-    yield farm
-    shutil.rmtree(farm, ignore_errors=True)
 
 
 def session_for(root: Path, style: str = "plain", agent: str = "anthropic") -> NS:

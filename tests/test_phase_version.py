@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 
 from support import DEMO_IDEA
-from test_phases import throwaway  # noqa: F401  (the fixture)
 from labrun.phases import BY_KEY
 from labrun.phases import phase_version
 from labrun.status import session_status

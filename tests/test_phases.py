@@ -9,44 +9,10 @@ import pytest
 
 from support import DEMO_IDEA, labrun
 from labrun import phases as registry
-from labrun.agents import scripted
 from labrun.journal import Conversation
-from labrun.phases import BY_KEY, DEFAULT, Files, Phase, Sections, phase_list, register
+from labrun.phases import BY_KEY, DEFAULT, Phase, phase_list, register
 from labrun.state import parse_state_md, phase_table
 from labrun.status import session_status
-
-THROWAWAY_PROMPT = """{% extends "system.md.j2" %}
-{% block heading %}# Phase {{ n }} of {{ total }}: {{ key }}{% endblock %}
-{% block instructions %}
-## This phase: a second look
-
-Write `notes/second-look.md` with what a fresh reader would question.
-{% endblock %}
-"""
-
-
-@pytest.fixture
-def throwaway(tmp_path, monkeypatch):
-    """A phase declared and templated in a temp dir, placed after analysis; the scripted
-    agent gets a script for it. The registry is restored afterwards."""
-    templates = tmp_path / "templates"
-    (templates / "phases").mkdir(parents=True)
-    (templates / "phases" / "second_look.md.j2").write_text(THROWAWAY_PROMPT)
-    phase = Phase("second_look", "Second Look", "question the analysis",
-                  (Files("notes/second-look.md"), Sections(doubts="Doubts")),
-                  max_turns=5, templates=templates, default=False)
-    saved = dict(BY_KEY)
-    register(phase, after="analysis")
-    monkeypatch.setitem(scripted.SCRIPT, "second_look", [
-        lambda r: [scripted._call("str_replace_based_edit_tool", command="create",
-                                  path="notes/second-look.md", file_text="- Only one seed.\n")],
-        lambda r: [scripted._call("complete_phase", summary="Doubts noted.",
-                                  sections={"doubts": "- Only one seed was run."})],
-    ])
-    yield phase
-    BY_KEY.clear()
-    BY_KEY.update(saved)
-
 
 def test_a_phase_declared_outside_the_flow_runs_in_its_place(tmp_path, prefect_api, throwaway):
     from labrun.flows.session import research_session
@@ -80,7 +46,6 @@ def test_a_phase_declared_outside_the_flow_runs_in_its_place(tmp_path, prefect_a
 
 
 def test_a_session_keeps_the_phases_it_started_with(tmp_path, prefect_api, throwaway):
-    from labrun.flows.session import research_session
     from labrun.session import Session, SessionMismatch
 
     ws = tmp_path / "ws"

@@ -17,8 +17,6 @@ import yaml
 from support import attempt_group, DEMO_IDEA, group_alive, start_labrun, wait_for
 from web_host import serving
 from labrun.sandbox import bubblewrap
-from test_paper import no_tex  # noqa: F401  (a fixture)
-from test_anthropic_session import serve  # noqa: F401  (fixture)
 
 from labrun import latex
 from labrun.journal import Conversation
@@ -194,7 +192,8 @@ def test_web_phases_through_the_messages_api_resume_after_kills_and_bill_what_wa
     for stop_at in (("resources", 2), ("paper", 2)):
         args = ("run", str(idea), "--workspace", str(ws), "--agent", "anthropic", "--with", "resources,paper")
         proc = start_labrun(*(args if stop_at[0] == "resources" else ("resume", str(ws))))
-        wait_for(lambda: any(turn_of(r) == stop_at for r in api.requests), timeout=240, what=f"{stop_at}")
+        wait_for(lambda: any(turn_of(r) == stop_at for r in api.requests),  # noqa: B023 (called here, at once)
+                 timeout=240, what=f"{stop_at}")
         kill(proc)
     result = cli("resume", str(ws))
     assert result.returncode == 0, result.stderr

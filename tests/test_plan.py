@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 
 from auto_responder import PLAN
 from support import DEMO_IDEA, labrun
@@ -26,13 +25,6 @@ THREE_RUNS = [
 OK_SCRIPT = ("import json, os, sys\nos.makedirs('out', exist_ok=True)\n"
              "json.dump({'score': sum(range(10)) / 7}, open(f'out/{sys.argv[1]}.json', 'w'))\n")
 SPEC = "Does averaging cut the RMSE as 1/sqrt(k)? Fit the log-log slope."
-
-
-@pytest.fixture
-def session(tmp_path):
-    s = Session.open(tmp_path / "ws", DEMO_IDEA, "scripted")
-    yield s
-    s.close()
 
 
 def call(session, phase: str, tool: str, **inp):
@@ -164,7 +156,6 @@ def test_a_negative_outcome_needs_an_honest_effort_then_the_write_up_says_what_f
     assert "## Negative Outcome" in results and "no key for it here" in results
 
     # The statistics phase: the planned outputs exist, or a deviation says why.
-    (session.ws.root / "results").mkdir()
     (session.ws.root / "results/summary.json").write_text("{}")
     learnings = {"learnings": "what failed and why"}
     by_hand = call(session, "analysis", "complete_phase", summary="x", sections=learnings)

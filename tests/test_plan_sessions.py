@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from auto_responder import EXPERIMENT, IDEA, AutoResearcher, _call, tool_results  # noqa: E402
-from fake_messages_api import FakeMessagesAPI  # noqa: E402
-from test_anthropic_session import assert_usage_is_what_was_billed, serve, status  # noqa: E402,F401
+from support import status  # noqa: E402
+from test_anthropic_session import assert_usage_is_what_was_billed  # noqa: E402
 
 from labrun.state import parse_state_md  # noqa: E402
 

@@ -22,7 +22,7 @@ from support import DEMO_IDEA
 from labrun.evidence import code_run, precise
 from labrun.phases.rules import failure_kind, source_code
 from labrun.session import Session
-from test_rule_gaming import call, session  # noqa: F401  (the session fixture)
+from test_rule_gaming import call
 
 RUNS = [{"id": "R1", "purpose": "the slope, both noises", "conditions": "sigma 0.5, k = 1..64, 300 trials",
          "seeds": [0], "criteria": ["C1", "C2", "C3"]},

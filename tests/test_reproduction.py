@@ -39,13 +39,6 @@ def open_session(tmp_path, constraints: str = ""):
     return s
 
 
-@pytest.fixture
-def session(tmp_path, prefect_api):
-    s = open_session(tmp_path)
-    yield s
-    s.close()
-
-
 def attempt(session, script: str, run: str, seed: int, name: str = "measure.py"):
     write(session, f"src/{name}", script)
     result = call(session, "experiments", "run_experiment", command=f"python3 src/{name} {seed}",

@@ -4,8 +4,7 @@ workspace, and an edit of the paper's results file. Sessions play through the re
 
 from __future__ import annotations
 
-from test_rule_gaming import MEASURE, call, claims, planned, refused, write  # noqa: F401  (session fixture)
-from test_rule_gaming import session  # noqa: F401
+from test_rule_gaming import MEASURE, call, claims, planned, refused, write
 
 from labrun import paper
 from labrun.phases.report_header import section, stamp_report, write_paper_results

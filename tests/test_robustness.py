@@ -56,7 +56,8 @@ def test_any_yaml_structure_under_idea_gives_an_idea_or_one_line(tmp_path_factor
 
 
 @pytest.fixture(scope="module")
-def session(tmp_path_factory):
+def fuzzed_session(tmp_path_factory):
+    """One session for every example Hypothesis draws (`session` is one per test)."""
     s = Session.open(tmp_path_factory.mktemp("fuzz") / "ws", DEMO_IDEA, "scripted")
     yield s
     s.close()
@@ -71,14 +72,14 @@ def session(tmp_path_factory):
                          "summary", "sections", "junk"]),
         json_values, max_size=6),
 )
-def test_any_tool_input_from_the_model_gives_a_result(session, prefect_api, name, raw):
+def test_any_tool_input_from_the_model_gives_a_result(fuzzed_session, prefect_api, name, raw):
     # Commands are drawn from harmless ones: the fuzzing is of the input's shape.
     if isinstance(raw.get("command"), str):
         raw["command"] = "view" if name == "str_replace_based_edit_tool" else "echo fuzz"
-    before = len(session.state.attempts)
-    result = toolbox(session, BY_KEY["experiments"]).call(name, raw)
+    before = len(fuzzed_session.state.attempts)
+    result = toolbox(fuzzed_session, BY_KEY["experiments"]).call(name, raw)
     assert isinstance(result.content, str) and result.content
-    after = session.state.attempts
+    after = fuzzed_session.state.attempts
     assert len(after) - before in (0, 1)
     assert all(a.status != "RUNNING" for a in after)
 

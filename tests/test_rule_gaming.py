@@ -32,14 +32,6 @@ MEASURE = ("import json, math, random, sys\nrng = random.Random(int(sys.argv[1])
            "json.dump({'slope': round(slope, 4), 'rmse_k1': round(r[0], 4)}, open(f'results/m{sys.argv[1]}.json', 'w'))\n")
 
 
-@pytest.fixture
-def session(tmp_path):
-    s = Session.open(tmp_path / "ws", DEMO_IDEA, "scripted")
-    (s.ws.root / "results").mkdir()
-    yield s
-    s.close()
-
-
 def call(session, phase: str, tool: str, **inp):
     return toolbox(session, BY_KEY[phase]).call(tool, inp)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from support import DEMO_IDEA, require_bubblewrap, wait_for
+from support import DEMO_IDEA, wait_for
 from labrun import sandbox
 from labrun.session import Session
 from labrun.phases import BY_KEY
@@ -26,20 +26,8 @@ from labrun.phases.phase import toolbox
 needs_bwrap = pytest.mark.usefixtures("bubblewrap_works")
 
 
-@pytest.fixture
-def bubblewrap_works():
-    require_bubblewrap()
-
-
 def open_session(tmp_path, idea=DEMO_IDEA, **settings) -> Session:
     return Session.open(tmp_path / "ws", idea, "scripted", **settings)
-
-
-@pytest.fixture
-def session(tmp_path):
-    s = open_session(tmp_path)
-    yield s
-    s.close()
 
 
 def bash(session: Session, command: str) -> str:
@@ -147,16 +135,27 @@ def test_without_bubblewrap_commands_run_and_the_user_is_told_once(session, tmp_
     bin_dir.mkdir()
     os.symlink(shutil.which("bash"), bin_dir / "bash")
     monkeypatch.setenv("PATH", str(bin_dir))
-    sandbox.bubblewrap.cache_clear()
+    sandbox.probed_bubblewrap.cache_clear()
     try:
         with caplog.at_level(logging.WARNING, logger="labrun"):
             first = bash(session, "echo one")
             second = bash(session, "echo two")
     finally:
-        sandbox.bubblewrap.cache_clear()
+        sandbox.probed_bubblewrap.cache_clear()
     assert "one" in first and "two" in second
     warnings = [r.getMessage() for r in caplog.records if "unsandboxed" in r.getMessage()]
     assert len(warnings) == 1 and "apt-get install bubblewrap" in warnings[0]
+
+
+@needs_bwrap
+def test_bubblewrap_is_looked_up_on_the_path_as_it_is_now(tmp_path, monkeypatch):
+    """A PATH without bwrap for a while (a test's, a user's shell) does not leave the
+    engine unsandboxed once bwrap is on PATH again."""
+    found = sandbox.bubblewrap()
+    with monkeypatch.context() as m:
+        m.setenv("PATH", str(tmp_path))
+        assert sandbox.bubblewrap() is None
+    assert sandbox.bubblewrap() == found
 
 
 KEYRING_PROBE = """

@@ -65,11 +65,9 @@ def sealed_dir(monkeypatch):
 
 
 @pytest.fixture
-def session(sealed_dir, tmp_path, prefect_api):
-    s = Session.open(tmp_path / "ws", sealed_dir / "idea.yaml", "scripted")
-    (s.ws.root / "results").mkdir()
-    yield s
-    s.close()
+def session_idea(sealed_dir) -> Path:
+    """`session` opens the idea with the sealed evaluation."""
+    return sealed_dir / "idea.yaml"
 
 
 def predicted(session, labels: str = "a b b x") -> None:

@@ -37,12 +37,8 @@ def resume_flow(workspace: Path):
     return research_session(None, str(workspace), return_state=True)
 
 
-def status(workspace: Path) -> dict:
-    return session_status(workspace)
-
-
 def runs(workspace: Path) -> dict[str, int]:
-    return {p["key"]: p["runs"] for p in status(workspace)["phases"]}
+    return {p["key"]: p["runs"] for p in session_status(workspace)["phases"]}
 
 
 def replies(workspace: Path, phase: str) -> list[dict]:
@@ -89,7 +85,7 @@ def test_demo_session_completes_with_a_real_experiment(tmp_path, prefect_api):
     ws = tmp_path / "ws"
     state = run_flow(ws)
     assert state.is_completed(), state.message
-    report = status(ws)
+    report = session_status(ws)
     assert report["session"]["complete"]
     assert runs(ws) == {p.key: 1 for p in PHASES}
     assert [(a["n"], a["status"]) for a in report["attempts"]] == [(1, "FAILED"), (2, "SUCCESS"), (3, "SUCCESS")]
@@ -139,7 +135,7 @@ def test_exception_mid_phase_then_resume_redoes_nothing_finished(tmp_path, prefe
     assert table == {"planning": "DONE", "setup": "DONE", "implementation": "FAILED",
                      "experiments": "pending", "analysis": "pending", "documentation": "pending"}
     assert_table_matches_tasks(ws, failed)
-    assert "injected failure" in status(ws)["phases"][2]["error"]
+    assert "injected failure" in session_status(ws)["phases"][2]["error"]
     assert len(replies(ws, "implementation")) == 1  # turn 1 was saved; turn 2 never answered
 
     resumed = resume_flow(ws)
@@ -169,7 +165,7 @@ def test_kill_9_mid_turn_then_resume(tmp_path, prefect_api, cli):
     _kill(proc)
     table = phase_table((ws / "STATE.md").read_text())
     assert table["implementation"] == "DONE" and table["experiments"] == "IN PROGRESS"
-    assert [a["status"] for a in status(ws)["attempts"]] == ["FAILED"]
+    assert [a["status"] for a in session_status(ws)["attempts"]] == ["FAILED"]
     assert len(replies(ws, "experiments")) == 2
 
     result = cli("resume", str(ws))
@@ -179,7 +175,7 @@ def test_kill_9_mid_turn_then_resume(tmp_path, prefect_api, cli):
                         "analysis": 1, "documentation": 1}
     for phase, turns in SCRIPT_TURNS.items():
         assert len(replies(ws, phase)) == turns, phase
-    assert [(a["n"], a["status"]) for a in status(ws)["attempts"]] == [(1, "FAILED"), (2, "SUCCESS"), (3, "SUCCESS")]
+    assert [(a["n"], a["status"]) for a in session_status(ws)["attempts"]] == [(1, "FAILED"), (2, "SUCCESS"), (3, "SUCCESS")]
 
 
 def test_kill_9_mid_attempt_marks_it_interrupted_and_kills_its_processes(tmp_path, prefect_api, cli):
@@ -200,7 +196,7 @@ def test_kill_9_mid_attempt_marks_it_interrupted_and_kills_its_processes(tmp_pat
     result = cli("resume", str(ws))
     assert result.returncode == 0, result.stderr
     assert not group_alive(pgid)
-    attempts = status(ws)["attempts"]
+    attempts = session_status(ws)["attempts"]
     # The interrupted attempt is not a failure: the agent runs it again, unfixed, and it fails.
     assert [(a["n"], a["status"]) for a in attempts] == [(1, "INTERRUPTED"), (2, "FAILED"), (3, "SUCCESS"),
                                                           (4, "SUCCESS")]  # 4: the analysis's figures
@@ -230,7 +226,7 @@ def test_a_deleted_output_makes_its_phase_and_the_later_ones_run_again(tmp_path,
     assert runs(ws) == {"planning": 1, "setup": 1, "implementation": 2, "experiments": 2,
                         "analysis": 2, "documentation": 2}
     assert (ws / "src/analyze.py").exists()
-    attempts = status(ws)["attempts"]
+    attempts = session_status(ws)["attempts"]
     # The rerun's first attempt repeats attempt 1's failed command, but the workspace is not as
     # attempt 1 found it (analysis and documentation wrote files since): it runs, and fails
     # (3 and 6 draw the analysis's figures).

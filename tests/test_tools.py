@@ -7,19 +7,11 @@ import time
 import pytest
 
 from auto_responder import PLAN
-from support import DEMO_IDEA, running, wait_for
+from support import running, wait_for
 from labrun import tools
-from labrun.session import Session
 from labrun.phases.phase import toolbox
 from labrun.tools import ToolBox
 from labrun.phases import BY_KEY
-
-
-@pytest.fixture
-def session(tmp_path):
-    s = Session.open(tmp_path / "ws", DEMO_IDEA, "scripted")
-    yield s
-    s.close()
 
 
 def box(session, phase="experiments") -> ToolBox:

@@ -12,11 +12,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_messages_api import web_fetch, web_search, web_search_citation  # noqa: E402
-from test_anthropic_backend import api  # noqa: E402,F401  (the fake Messages API, the SDK pointed at it)
-from test_anthropic_session import serve  # noqa: E402,F401  (a whole session against it)
 
 from labrun import toollog  # noqa: E402
-from labrun.agents.anthropic import WEB_TOOLS, AnthropicModel  # noqa: E402
+from labrun.agents.anthropic import AnthropicModel  # noqa: E402
 from labrun.journal import Conversation  # noqa: E402
 from labrun.model import FatalModelError, ModelRequest  # noqa: E402
 from labrun.prices import WEB_SEARCH_USD, cost_usd  # noqa: E402
