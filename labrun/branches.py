@@ -208,7 +208,7 @@ def finish_rerun(session: Session) -> None:
 def _record(session: Session, record: dict[str, Any]) -> None:
     """Step 2: the new branch is the state's current one."""
     ws, state, store = session.ws, session.state, session.store
-    with store._lock:
+    with store.transaction():
         if not state.branches:
             state.branches.append(first_branch(state, record["agent"], record["model"]))
         spent = total_usage(ws, state)
@@ -234,7 +234,6 @@ def _record(session: Session, record: dict[str, Any]) -> None:
         model = f", model {branch.model}" if branch.model else ""
         store.event(f"branch {branch.n} started from phase {branch.from_phase} (agent {branch.agent}{model})"
                     f"; branch {old.n} is kept in .labrun/branches/{old.n}")
-        store.save()
     crashpoint("branch-recorded")
 
 
@@ -248,9 +247,8 @@ def _clear(session: Session, record: dict[str, Any]) -> None:
             ws.files.remove(f.rstrip("/"))  # never beneath a link the agent left on the way
         except (OSError, ValueError):
             pass
-    with session.store._lock:
-        session.state.branches[-1].cleaned = True
-        session.store.save()
+    with session.store.transaction() as state:
+        state.branches[-1].cleaned = True
 
 
 def files_at_start(ws: Workspace, key: str) -> dict[str, str] | None:

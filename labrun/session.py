@@ -128,10 +128,11 @@ class Session:
                 session = cls(ws, store, idea)
                 session._check_phases(keys if with_phases else None)
                 session._check_paper_style(paper_style)
-                session._migrate()
-                session._settle(agent, model, budget_usd, max_turns, network, list(pass_env))
-                session._settle_reviews(review_after)
-                session.reconcile_after_crash()
+                with store.transaction():  # what opening changes is saved once
+                    session._migrate()
+                    session._settle(agent, model, budget_usd, max_turns, network, list(pass_env))
+                    session._settle_reviews(review_after)
+                    session.reconcile_after_crash()
             else:
                 if idea is None:
                     raise FileNotFoundError(f"{ws.root}: no labrun session here; start one with `labrun run IDEA.yaml --workspace {ws.root}`")
@@ -261,21 +262,21 @@ class Session:
 
     def reconcile_after_crash(self) -> None:
         """An attempt still RUNNING belongs to a dead engine: kill what it left, mark it."""
-        for a in self.state.attempts:
-            if a.status == "RUNNING":
-                if a.pgid:
-                    kill_group(a.pgid)
-                a.status = "INTERRUPTED"
-                a.error = "the session was interrupted while this attempt ran"
-                a.pgid = None
-                self.store.log(f"attempt {a.n} marked INTERRUPTED (the engine stopped while it ran)")
-        self.store.save()
+        with self.store.transaction():
+            for a in self.state.attempts:
+                if a.status == "RUNNING":
+                    if a.pgid:
+                        kill_group(a.pgid)
+                    a.status = "INTERRUPTED"
+                    a.error = "the session was interrupted while this attempt ran"
+                    a.pgid = None
+                    self.store.event(f"attempt {a.n} marked INTERRUPTED (the engine stopped while it ran)")
 
     # -- attempts --------------------------------------------------------------------------
 
     def new_attempt(self, phase_key: str, inp, files_before: dict[str, str]) -> Attempt:
         """Attempt n, RUNNING; `files_before` is the workspace as it found it."""
-        with self.store._lock:
+        with self.store.transaction():
             n = len(self.state.attempts) + 1
             attempt = Attempt(
                 n=n,
@@ -292,11 +293,10 @@ class Session:
             self.ws.write_json(self.attempt_files_path(n), {"before": files_before, "wrote": None})
             self.state.attempts.append(attempt)
             self.store.event(f"attempt {n} started: {inp.command}")
-            self.store.save()
         return attempt
 
     def update_attempt(self, n: int, **fields: Any) -> None:
-        with self.store._lock:
+        with self.store.transaction():
             attempt = self.state.attempts[n - 1]
             for k, v in fields.items():
                 setattr(attempt, k, v)
@@ -304,7 +304,6 @@ class Session:
                 self.store.event(
                     f"attempt {n} {attempt.status}" + (f": {attempt.error}" if attempt.error else "")
                 )
-            self.store.save()
 
     def attempt_files_path(self, n: int) -> Path:
         return self.ws.attempts / f"attempt-{n:03d}.files.json"
@@ -342,14 +341,13 @@ class Session:
     def give_sections(self, phase_key: str, sections: dict[str, str],
                       parts: dict[str, Any] | None = None) -> None:
         """Record what a phase's `complete_phase` gave: STATE sections and plan parts."""
-        with self.store._lock:
+        with self.store.transaction():
             self.state.sections.update(sections)
             if sections:
                 self.store.event(f"{phase_key} gave sections: {', '.join(sections)}")
             if parts:
                 self.state.plan = self.state.plan.merged(parts, phase_key)
                 self.store.event(f"{phase_key} gave {', '.join(parts)}")
-            self.store.save()
 
     def manifest(self, phase_key: str) -> dict[str, Any] | None:
         return self.ws.manifest(phase_key)
@@ -373,10 +371,9 @@ class Session:
         return None
 
     def finish_phase(self, phase_key: str, manifest: dict[str, Any]) -> None:
-        with self.store._lock:
+        with self.store.transaction():
             self.ws.write_json(self.ws.phase_dir(phase_key) / "manifest.json", manifest)
             self.state.file_digests.update(manifest["files"])
-            self.store.save()
 
     @property
     def phases(self) -> list[Phase]:
@@ -394,9 +391,7 @@ class Session:
         return budget
 
     def _note_spend(self, used: Usage) -> None:
-        with self.store._lock:
-            self.state.agent_spent_usd = used.cost_usd
-            self.store.save()
+        self.store.note_spend(used.cost_usd)
 
     def clock(self) -> dict[str, Any]:
         """Time and money so far, against the idea's limits and the agent's budget."""

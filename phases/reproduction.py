@@ -107,8 +107,9 @@ def reproduce_attempt(session_id: str, workspace: str, n: int, left_s: float, to
     if attempt.reproduction is None:
         session.store.log(f"attempt {n}: the engine reruns it to check its metrics")
         result = rerun(session, attempt, left_s, tolerance)
-        session.update_attempt(n, reproduction=result)
-        session.store.event(f"attempt {n} {result.status} by the engine's rerun: {result.detail}")
+        with session.store.transaction():
+            session.update_attempt(n, reproduction=result)
+            session.store.event(f"attempt {n} {result.status} by the engine's rerun: {result.detail}")
     return session.state.attempts[n - 1].reproduction.model_dump()
 
 

@@ -81,10 +81,9 @@ def sealed_scoring(session_id: str, workspace: str, artifact_digest: str) -> dic
 
 
 def _record(session: Session, score: SealedScore) -> None:
-    with session.store._lock:
-        session.state.sealed.score = score
+    with session.store.transaction() as state:
+        state.sealed.score = score
         session.store.event(f"sealed scoring {score.status}: {score.detail}")
-        session.store.save()
 
 
 def score(session: Session) -> SealedScore:
