@@ -49,7 +49,7 @@ class BranchError(Exception):
 
 
 def archive_dir(ws: Workspace, n: int) -> Path:
-    return ws.data / "branches" / str(n)
+    return ws.branches / str(n)
 
 
 def archived(ws: Workspace, n: int) -> dict[str, Any] | None:
@@ -195,7 +195,7 @@ def rerun_pending(ws: Workspace, state: SessionState) -> bool:
 def finish_rerun(session: Session) -> None:
     """Finish a rerun that a crash cut short (steps 2 and 3); nothing to do otherwise."""
     ws = session.ws
-    for leftover in (ws.data / "branches").glob(".new-*"):
+    for leftover in ws.branches.glob(".new-*"):
         shutil.rmtree(leftover, ignore_errors=True)  # an archive never finished: no rerun
     record = archived(ws, session.state.branch)
     if record is not None:
@@ -254,8 +254,8 @@ def _clear(session: Session, record: dict[str, Any]) -> None:
 def files_at_start(ws: Workspace, key: str) -> dict[str, str] | None:
     """The workspace's files when the phase's latest conversation began."""
     convo = Conversation.latest(ws.phase_dir(key))
-    start = next((r for r in convo.records if r["kind"] == "system"), None) if convo else None
-    return start.get("files_before") if start else None
+    start = convo.system if convo else None
+    return start.files_before if start else None
 
 
 def key_outputs(state: SessionState) -> set[str]:

@@ -106,11 +106,11 @@ class Session:
             load_style(style)
         if review_after is not None:
             review_after = list(review_after)
-        if idea is not None and not ws.state_file.exists():  # before anything is written
+        if idea is not None and not ws.has_session():  # before anything is written
             review_after = review_after_phases(idea.review_after if review_after is None else review_after, keys)
         elif review_after is not None:
             review_after_phases(review_after, phase_list(BY_KEY))
-        if ws.state_file.exists() and idea is not None:
+        if ws.has_session() and idea is not None:
             state = StateStore.load(ws).state
             if state.idea_hash != idea.content_hash:
                 raise SessionMismatch(
@@ -118,13 +118,13 @@ class Session:
                     "use a new --workspace, or `labrun resume` to continue that one"
                 )
         # Checked before anything is written: a sealed evaluation that cannot be kept sealed.
-        sealed = seal(idea, Path(idea_path), ws.root) if idea is not None and not ws.state_file.exists() else None
+        sealed = seal(idea, Path(idea_path), ws.root) if idea is not None and not ws.has_session() else None
         ws.root.mkdir(parents=True, exist_ok=True)
         ws.lock()
         try:
-            if ws.state_file.exists():
+            if ws.has_session():
                 store = StateStore.load(ws)
-                idea = load_idea(ws.data / "idea.yaml")
+                idea = load_idea(ws.idea_copy)
                 session = cls(ws, store, idea)
                 session._check_phases(keys if with_phases else None)
                 session._check_paper_style(paper_style)
@@ -136,7 +136,7 @@ class Session:
             else:
                 if idea is None:
                     raise FileNotFoundError(f"{ws.root}: no labrun session here; start one with `labrun run IDEA.yaml --workspace {ws.root}`")
-                shutil.copyfile(idea_path, ws.data / "idea.yaml")
+                shutil.copyfile(idea_path, ws.idea_copy)
                 state = SessionState(
                     session_id=uuid.uuid4().hex[:12],
                     title=idea.title,
@@ -287,7 +287,7 @@ class Session:
                 run_id=inp.run_id,
                 outputs=list(inp.outputs),
                 metrics_file=inp.metrics_file,
-                log=f".labrun/attempts/attempt-{n:03d}.log",
+                log=str(self.ws.attempt_log(n).relative_to(self.ws.root)),
                 branch=self.state.branch,
             )
             self.ws.write_json(self.attempt_files_path(n), {"before": files_before, "wrote": None})
@@ -432,8 +432,8 @@ class Session:
                     self._egress = EgressProxy(self.idea.constraints.allowed_domains)
                     self._egress.start()
                 egress = self._egress.socket
-        return Sandbox(self.ws.root, self.ws.data / "sandbox" / "tmp", (self.ws.data,), network,
-                       cache=self.ws.data / "cache", egress=egress, hidden=hidden(self.state.sealed))
+        return Sandbox(self.ws.root, self.ws.sandbox_tmp, (self.ws.data,), network,
+                       cache=self.ws.cache, egress=egress, hidden=hidden(self.state.sealed))
 
     @property
     def time_limit_s(self) -> int:

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 from urllib.parse import urlsplit
 
+from labrun.journal import RECORD, Record, ReplyRecord, ToolResultRecord
+
 URL = re.compile(r"https?://[^\s<>\"'`|\\^{}\[\]()]+")
 ARXIV_ID = r"(\d{4}\.\d{4,5}|[a-z][a-z.\-]*/\d{7})(?:v\d+)?"
 ARXIV_URL = re.compile(rf"arxiv\.org/(?:abs|pdf|html|format)/{ARXIV_ID}", re.I)
@@ -71,9 +73,9 @@ def fetches(phase_dir: Path, attempts: Iterable[Any] = ()) -> Iterator[tuple[str
 
 def _journal_fetches(phase_dir: Path) -> Iterator[tuple[str, bool]]:
     calls: dict[str, dict] = {}
-    for record in _records(phase_dir.glob("conversation-*.jsonl")):
-        if record.get("kind") == "reply":
-            for block in record.get("content") or []:
+    for record in _journal(phase_dir):
+        if isinstance(record, ReplyRecord):
+            for block in record.content:
                 if block.get("type") == "web_fetch_tool_result":
                     content = block.get("content") or {}
                     if content.get("type") == "web_fetch_result" and content.get("url"):
@@ -84,11 +86,11 @@ def _journal_fetches(phase_dir: Path) -> Iterator[tuple[str, bool]]:
                             yield str(asked["url"]), False
                 elif block.get("type") in ("tool_use", "server_tool_use") and block.get("name") in ("bash", "web_fetch"):
                     calls[block.get("id")] = block.get("input") or {}
-        elif record.get("kind") == "tool_result" and record.get("tool_use_id") in calls:
-            command = str(calls[record["tool_use_id"]].get("command") or "")
-            output = str(record.get("content") or "")
+        elif isinstance(record, ToolResultRecord) and record.tool_use_id in calls:
+            command = str(calls[record.tool_use_id].get("command") or "")
+            output = str(record.content or "")
             if DOWNLOADER.search(command):
-                ok = not record.get("is_error") and "[exit code:" not in output
+                ok = not record.is_error and "[exit code:" not in output
                 yield from ((u, ok) for u in URL.findall(command))
 
 
@@ -112,6 +114,15 @@ def _claude_code_fetches(phase_dir: Path) -> Iterator[tuple[str, bool]]:
                     yield str(inp["url"]), ok
                 elif name == "Bash" and DOWNLOADER.search(str(inp.get("command") or "")):
                     yield from ((u, ok) for u in URL.findall(str(inp.get("command"))))
+
+
+def _journal(phase_dir: Path) -> Iterator[Record]:
+    """The phase's journal records; one that does not parse is skipped, as `_records` skips."""
+    for raw in _records(phase_dir.glob("conversation-*.jsonl")):
+        try:
+            yield RECORD.validate_python(raw)
+        except ValueError:
+            continue
 
 
 def _records(files: Iterable[Path]) -> Iterator[dict]:

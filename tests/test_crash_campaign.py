@@ -39,7 +39,7 @@ from auto_responder import IDEA, AutoResearcher  # noqa: E402
 from fake_messages_api import FakeMessagesAPI  # noqa: E402
 from support import DEMO_IDEA, running, state_md_sections, wait_for  # noqa: E402
 
-from labrun.journal import Conversation  # noqa: E402
+from labrun.journal import Conversation, ReplyRecord  # noqa: E402
 from labrun.snapshot import workspace_files  # noqa: E402
 from labrun.state import parse_state_md, phase_table  # noqa: E402
 from labrun.status import session_status  # noqa: E402
@@ -117,8 +117,7 @@ def journaled(ws: Path) -> list[tuple[int, ...]]:
     found = []
     for phase_dir in (ws / ".labrun/phases").glob("*"):
         for f in Conversation.files(phase_dir):
-            found += [tuple(r["usage"][k] for k in TOKENS) for r in Conversation(f, repair=False).records
-                      if r["kind"] == "reply"]
+            found += [tuple(getattr(r.usage, k) for k in TOKENS) for r in Conversation(f, repair=False).of(ReplyRecord)]
     return found
 
 
