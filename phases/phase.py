@@ -134,9 +134,9 @@ def run_phase(session_id: str, workspace: str, phase_key: str, number: int, vers
         "phase": phase_key,
         "key": key,
         "summary": completion.get("summary", ""),
-        "files": {k: v for k, v in files_now.items() if start["files_before"].get(k) != v},
+        "files": {k: v for k, v in files_now.items() if (start.files_before or {}).get(k) != v},
         "sections": sorted(k for k, v in (completion.get("sections") or {}).items() if v),
-        "prompt": start.get("prompt"),  # the templates it was asked with (`labrun status`)
+        "prompt": start.prompt,  # the templates it was asked with (`labrun status`)
         "usage": phase_usage(phase_dir).model_dump(),
     }
     session.finish_phase(phase_key, manifest)
