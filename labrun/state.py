@@ -1,8 +1,9 @@
 """The engine's record of a session, and STATE.md rendered from it.
 
 `state.json` is the source of truth, written atomically as each change (a `transaction`)
-ends; STATE.md is rendered from it at the same moment and written when its text changed, so
-the file can neither lag nor go missing. The agent
+ends; STATE.md is rendered from it at the same moment and written right after it when its
+text changed, so the file can neither lag nor go missing (a kill between the two renames leaves
+it one change behind, until the engine starts again and writes it with its first save). The agent
 never writes either: its contributions arrive through `complete_phase` sections.
 """
 
