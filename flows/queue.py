@@ -19,6 +19,7 @@ from prefect import flow, get_run_logger
 from labrun.idea import IdeaError, load_idea
 from labrun.run_params import RunParams, flow_parameters
 from labrun.status import finished_and_intact
+from labrun.workspace import Workspace
 from labrun.serving import SESSION_DEPLOYMENT
 from labrun.serving.submit import collect_ideas, flow_run_url, submit_session, workspace_for
 
@@ -51,7 +52,7 @@ def experiment_queue(folder: str, workspaces: str, deployment: str = SESSION_DEP
             log.error("%s: not queued: cannot read it (%s: %s)", path.name, type(e).__name__, e)
             continue
         workspace = workspace_for(path, idea.content_hash, root)
-        if (workspace / ".labrun" / "state.json").is_file() and finished_and_intact(workspace):
+        if Workspace(workspace).has_session() and finished_and_intact(workspace):
             continue  # done already (queued some other way)
         key = f"labrun-queue-{workspace.name}"
         run = submit_session(RunParams(idea_path=str(path), workspace=str(workspace), **session), deployment,

@@ -63,9 +63,9 @@ def _wait_on_worker(session, review: Review) -> ReviewInput | None:
     run = str(FlowRunContext.get().flow_run.id)
     while True:
         if review.pause_key is None or review.flow_run != run:  # this run's own suspension
-            review.pause_key = f"review-{review.branch}-{review.phase}-{review.round}-{uuid.uuid4().hex[:8]}"
-            review.flow_run = run
-            session.store.save()
+            with session.store.transaction():
+                review.pause_key = f"review-{review.branch}-{review.phase}-{review.round}-{uuid.uuid4().hex[:8]}"
+                review.flow_run = run
         try:
             return suspend_flow_run(wait_for_input=form, key=review.pause_key)
         except ValidationError:  # resumed without a decision: not by a Resume

@@ -177,9 +177,9 @@ def _run_phase(session: Session, number: int, key: str, upstream: list[str], ref
 def _record_flow_run(session: Session) -> None:
     """So that `labrun status` can say how to retry a deployment's run."""
     run = FlowRunContext.get().flow_run
-    session.state.last_run = FlowRunRecord(
-        id=str(run.id), name=run.name, deployment_id=str(run.deployment_id) if run.deployment_id else None)
-    session.store.save()
+    with session.store.transaction() as state:
+        state.last_run = FlowRunRecord(
+            id=str(run.id), name=run.name, deployment_id=str(run.deployment_id) if run.deployment_id else None)
 
 
 def _crash_left_attempts(session: Session) -> None:

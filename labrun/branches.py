@@ -49,7 +49,7 @@ class BranchError(Exception):
 
 
 def archive_dir(ws: Workspace, n: int) -> Path:
-    return ws.data / "branches" / str(n)
+    return ws.branches / str(n)
 
 
 def archived(ws: Workspace, n: int) -> dict[str, Any] | None:
@@ -195,7 +195,7 @@ def rerun_pending(ws: Workspace, state: SessionState) -> bool:
 def finish_rerun(session: Session) -> None:
     """Finish a rerun that a crash cut short (steps 2 and 3); nothing to do otherwise."""
     ws = session.ws
-    for leftover in (ws.data / "branches").glob(".new-*"):
+    for leftover in ws.branches.glob(".new-*"):
         shutil.rmtree(leftover, ignore_errors=True)  # an archive never finished: no rerun
     record = archived(ws, session.state.branch)
     if record is not None:
@@ -208,7 +208,7 @@ def finish_rerun(session: Session) -> None:
 def _record(session: Session, record: dict[str, Any]) -> None:
     """Step 2: the new branch is the state's current one."""
     ws, state, store = session.ws, session.state, session.store
-    with store._lock:
+    with store.transaction():
         if not state.branches:
             state.branches.append(first_branch(state, record["agent"], record["model"]))
         spent = total_usage(ws, state)
@@ -234,7 +234,6 @@ def _record(session: Session, record: dict[str, Any]) -> None:
         model = f", model {branch.model}" if branch.model else ""
         store.event(f"branch {branch.n} started from phase {branch.from_phase} (agent {branch.agent}{model})"
                     f"; branch {old.n} is kept in .labrun/branches/{old.n}")
-        store.save()
     crashpoint("branch-recorded")
 
 
@@ -248,16 +247,15 @@ def _clear(session: Session, record: dict[str, Any]) -> None:
             ws.files.remove(f.rstrip("/"))  # never beneath a link the agent left on the way
         except (OSError, ValueError):
             pass
-    with session.store._lock:
-        session.state.branches[-1].cleaned = True
-        session.store.save()
+    with session.store.transaction() as state:
+        state.branches[-1].cleaned = True
 
 
 def files_at_start(ws: Workspace, key: str) -> dict[str, str] | None:
     """The workspace's files when the phase's latest conversation began."""
     convo = Conversation.latest(ws.phase_dir(key))
-    start = next((r for r in convo.records if r["kind"] == "system"), None) if convo else None
-    return start.get("files_before") if start else None
+    start = convo.system if convo else None
+    return start.files_before if start else None
 
 
 def key_outputs(state: SessionState) -> set[str]:

@@ -9,6 +9,7 @@ says, decided in one place (`Session.sandbox`)."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import time
@@ -124,15 +125,13 @@ def run_command(
         )
     running_groups.add(proc.pid)
     timed_out = too_much = False
+    exited = _ExitWatch(proc)
     try:
         if on_start:
             on_start(proc.pid)
         while True:
-            try:
-                proc.wait(timeout=0.1)
+            if exited(0.1):
                 break
-            except subprocess.TimeoutExpired:
-                pass
             timed_out = time.monotonic() - start > timeout_s
             too_much = log_path.stat().st_size > max_output_bytes
             if timed_out or too_much:
@@ -140,6 +139,7 @@ def run_command(
                 proc.wait()
                 break
     finally:  # nothing the command started outlives it, nor an interrupted engine
+        exited.close()
         kill_group(proc.pid)
         proc.wait()
         running_groups.discard(proc.pid)
@@ -180,6 +180,33 @@ def run_command(
         timed_out=timed_out,
         too_much_output=too_much,
     )
+
+
+class _ExitWatch:
+    """`watch(timeout)`: whether the process ended within `timeout` s, told the moment it
+    does (its pidfd) where `Popen.wait(timeout)` polls and wakes up to 50 ms late."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        try:
+            self.fd: int | None = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):  # not Linux 5.3 or later: Popen's polling
+            self.fd = None
+
+    def __call__(self, timeout: float) -> bool:
+        if self.fd is not None:
+            select.select([self.fd], [], [], timeout)
+            return self.proc.poll() is not None
+        try:
+            self.proc.wait(timeout=timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 def _redact_file(path: Path) -> None:

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from labrun import prompts
 from labrun.crashpoints import crashpoint
-from labrun.journal import Conversation
+from labrun.journal import Conversation, UserRecord
 from labrun.state import Review, SessionState, now
 from labrun.workspace import Workspace
 
@@ -50,10 +50,9 @@ def apply(session, number: int, review: Review) -> Outcome:
     if review.decision == "revise":
         convo = Conversation.latest(session.ws.phase_dir(review.phase))
         mark = f"{review.branch}-{review.phase}-{review.round}"
-        if not any(r.get("revision") == mark for r in convo.records):
-            convo.append({"kind": "user", "revision": mark,
-                          "content": [{"type": "text", "text": prompts.revision(review.phase, review.text,
-                                                                                list(session.state.phases))}]})
+        if not any(r.revision == mark for r in convo.of(UserRecord)):
+            convo.append(UserRecord(revision=mark, content=[{"type": "text", "text": prompts.revision(
+                review.phase, review.text, list(session.state.phases))}]))
     review.applied = True
     event = {"approve": f"phase {number} {review.phase} approved; the session goes on",
              "revise": f"phase {number} {review.phase} goes back to the agent with the reviewer's revision",

@@ -175,21 +175,33 @@ def _values_pattern(values: tuple[str, ...],
     return re.compile("|".join(alternatives))
 
 
-def redact(text: str) -> str:
+def _redactor() -> Callable[[str], str]:
+    """`redact` for the environment's secrets as they are now."""
     values = _values_pattern(tuple(secret_values()), ENCODINGS)
-    if values is not None:
-        text = values.sub(REDACTED, text)
-    return SECRET_SHAPES.sub(REDACTED, text)
+
+    def redact_text(text: str) -> str:
+        if values is not None:
+            text = values.sub(REDACTED, text)
+        return SECRET_SHAPES.sub(REDACTED, text)
+    return redact_text
+
+
+def redact(text: str) -> str:
+    return _redactor()(text)
 
 
 def redact_data(data: Any) -> Any:
-    """`redact` applied to every string in JSON-like data."""
+    """`redact` applied to every string in JSON-like data (the secrets looked up once)."""
+    return _redact_each(data, _redactor())
+
+
+def _redact_each(data: Any, redact_text: Callable[[str], str]) -> Any:
     if isinstance(data, str):
-        return redact(data)
+        return redact_text(data)
     if isinstance(data, list):
-        return [redact_data(v) for v in data]
+        return [_redact_each(v, redact_text) for v in data]
     if isinstance(data, dict):  # keys too: a file's name may hold a key
-        return {redact(k) if isinstance(k, str) else k: redact_data(v) for k, v in data.items()}
+        return {redact_text(k) if isinstance(k, str) else k: _redact_each(v, redact_text) for k, v in data.items()}
     return data
 
 

@@ -113,11 +113,11 @@ class Session:
             load_style(style)
         if review_after is not None:
             review_after = list(review_after)
-        if idea is not None and not ws.state_file.exists():  # before anything is written
+        if idea is not None and not ws.has_session():  # before anything is written
             review_after = review_after_phases(idea.review_after if review_after is None else review_after, keys)
         elif review_after is not None:
             review_after_phases(review_after, phase_list(BY_KEY))
-        if ws.state_file.exists() and idea is not None:
+        if ws.has_session() and idea is not None:
             state = StateStore.load(ws).state
             if state.idea_hash != idea.content_hash:
                 raise SessionMismatch(
@@ -125,24 +125,25 @@ class Session:
                     "use a new --workspace, or `labrun resume` to continue that one"
                 )
         # Checked before anything is written: a sealed evaluation that cannot be kept sealed.
-        sealed = seal(idea, Path(idea_path), ws.root) if idea is not None and not ws.state_file.exists() else None
+        sealed = seal(idea, Path(idea_path), ws.root) if idea is not None and not ws.has_session() else None
         ws.root.mkdir(parents=True, exist_ok=True)
         ws.lock()
         try:
-            if ws.state_file.exists():
+            if ws.has_session():
                 store = StateStore.load(ws)
-                idea = load_idea(ws.data / "idea.yaml")
+                idea = load_idea(ws.idea_copy)
                 session = cls(ws, store, idea)
                 session._check_phases(keys if with_phases else None)
                 session._check_paper_style(paper_style)
-                session._migrate()
-                session._settle(agent, model, budget_usd, max_turns, network, list(pass_env))
-                session._settle_reviews(review_after)
-                session.reconcile_after_crash()
+                with store.transaction():  # what opening changes is saved once
+                    session._migrate()
+                    session._settle(agent, model, budget_usd, max_turns, network, list(pass_env))
+                    session._settle_reviews(review_after)
+                    session.reconcile_after_crash()
             else:
                 if idea is None:
                     raise FileNotFoundError(f"{ws.root}: no labrun session here; start one with `labrun run IDEA.yaml --workspace {ws.root}`")
-                shutil.copyfile(idea_path, ws.data / "idea.yaml")
+                shutil.copyfile(idea_path, ws.idea_copy)
                 state = SessionState(
                     session_id=uuid.uuid4().hex[:12],
                     title=idea.title,
@@ -282,29 +283,29 @@ class Session:
 
     def reconcile_after_crash(self) -> None:
         """An attempt still RUNNING belongs to a dead engine: kill what it left, mark it."""
-        for a in self.state.attempts:
-            if a.status != "RUNNING":
-                continue
-            run = self.attempt_run(a.n)
-            if run.get("ended"):  # it ended, but the engine stopped before recording it
-                self.record_attempt(a.n, run["ended"])
-                continue
-            if a.pgid:  # noted in the state by an older labrun
-                kill_group(a.pgid)
-            if run.get("pgid") and identified(run["pgid"], run["started"]) is not None:
-                kill_group(run["pgid"])
-            a.status = "INTERRUPTED"
-            a.error = "the session was interrupted while this attempt ran"
-            a.pgid = None
-            a.task_run = run.get("task_run") or a.task_run
-            self.store.log(f"attempt {a.n} marked INTERRUPTED (the engine stopped while it ran)")
-        self.store.save()
+        with self.store.transaction():
+            for a in self.state.attempts:
+                if a.status != "RUNNING":
+                    continue
+                run = self.attempt_run(a.n)
+                if run.get("ended"):  # it ended, but the engine stopped before recording it
+                    self.record_attempt(a.n, run["ended"])
+                    continue
+                if a.pgid:  # noted in the state by an older labrun
+                    kill_group(a.pgid)
+                if run.get("pgid") and identified(run["pgid"], run["started"]) is not None:
+                    kill_group(run["pgid"])
+                a.status = "INTERRUPTED"
+                a.error = "the session was interrupted while this attempt ran"
+                a.pgid = None
+                a.task_run = run.get("task_run") or a.task_run
+                self.store.event(f"attempt {a.n} marked INTERRUPTED (the engine stopped while it ran)")
 
     # -- attempts --------------------------------------------------------------------------
 
     def new_attempt(self, phase_key: str, inp, files_before: dict[str, str]) -> Attempt:
         """Attempt n, RUNNING; `files_before` is the workspace as it found it."""
-        with self.store._lock:
+        with self.store.transaction():
             n = len(self.state.attempts) + 1
             attempt = Attempt(
                 n=n,
@@ -315,17 +316,16 @@ class Session:
                 run_id=inp.run_id,
                 outputs=list(inp.outputs),
                 metrics_file=inp.metrics_file,
-                log=f".labrun/attempts/attempt-{n:03d}.log",
+                log=str(self.ws.attempt_log(n).relative_to(self.ws.root)),
                 branch=self.state.branch,
             )
             self.ws.write_json(self.attempt_files_path(n), {"before": files_before, "wrote": None})
             self.state.attempts.append(attempt)
             self.store.event(f"attempt {n} started: {inp.command}")
-            self.store.save()
         return attempt
 
     def update_attempt(self, n: int, **fields: Any) -> None:
-        with self.store._lock:
+        with self.store.transaction():
             attempt = self.state.attempts[n - 1]
             for k, v in fields.items():
                 setattr(attempt, k, v)
@@ -333,7 +333,6 @@ class Session:
                 self.store.event(
                     f"attempt {n} {attempt.status}" + (f": {attempt.error}" if attempt.error else "")
                 )
-            self.store.save()
 
     def record_attempt(self, n: int, ended: dict[str, Any]) -> None:
         """What the attempt task returned (`labrun.phases.attempts`), into the state."""
@@ -386,14 +385,13 @@ class Session:
     def give_sections(self, phase_key: str, sections: dict[str, str],
                       parts: dict[str, Any] | None = None) -> None:
         """Record what a phase's `complete_phase` gave: STATE sections and plan parts."""
-        with self.store._lock:
+        with self.store.transaction():
             self.state.sections.update(sections)
             if sections:
                 self.store.event(f"{phase_key} gave sections: {', '.join(sections)}")
             if parts:
                 self.state.plan = self.state.plan.merged(parts, phase_key)
                 self.store.event(f"{phase_key} gave {', '.join(parts)}")
-            self.store.save()
 
     def manifest(self, phase_key: str) -> dict[str, Any] | None:
         return self.ws.manifest(phase_key)
@@ -417,10 +415,9 @@ class Session:
         return None
 
     def finish_phase(self, phase_key: str, manifest: dict[str, Any]) -> None:
-        with self.store._lock:
+        with self.store.transaction():
             self.ws.write_json(self.ws.phase_dir(phase_key) / "manifest.json", manifest)
             self.state.file_digests.update(manifest["files"])
-            self.store.save()
 
     @property
     def phases(self) -> list[Phase]:
@@ -438,9 +435,7 @@ class Session:
         return budget
 
     def _note_spend(self, used: Usage) -> None:
-        with self.store._lock:
-            self.state.agent_spent_usd = used.cost_usd
-            self.store.save()
+        self.store.note_spend(used.cost_usd)
 
     def clock(self) -> dict[str, Any]:
         """Time and money so far, against the idea's limits and the agent's budget."""
@@ -481,8 +476,8 @@ class Session:
                     self._egress = EgressProxy(self.idea.constraints.allowed_domains)
                     self._egress.start()
                 egress = self._egress.socket
-        return Sandbox(self.ws.root, self.ws.data / "sandbox" / "tmp", (self.ws.data,), network,
-                       cache=self.ws.data / "cache", egress=egress, hidden=hidden(self.state.sealed))
+        return Sandbox(self.ws.root, self.ws.sandbox_tmp, (self.ws.data,), network,
+                       cache=self.ws.cache, egress=egress, hidden=hidden(self.state.sealed))
 
     @property
     def time_limit_s(self) -> int:

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from labrun.settings import settings
-from labrun.workspace import write_json
+from labrun.workspace import DATA, Workspace, write_json
 from labrun.wsfs import MAX_DEPTH, Beneath, Refused
 
 
@@ -39,7 +39,7 @@ def kept_file_bytes() -> int:
     return int(settings().keep_max_mb * 2**20)
 
 
-SKIPPED_NAMES = {".labrun", ".git", ".hg", ".svn", "__pycache__", ".ipynb_checkpoints", ".pytest_cache",
+SKIPPED_NAMES = {DATA, ".git", ".hg", ".svn", "__pycache__", ".ipynb_checkpoints", ".pytest_cache",
                  ".mypy_cache", ".ruff_cache", ".tox", ".nox"}
 ENVIRONMENT_NAMES = {".venv", "venv", "node_modules"}
 ENVIRONMENT_MARKERS = {"pyvenv.cfg", "conda-meta"}
@@ -112,7 +112,7 @@ def changed(before: dict[str, str], after: dict[str, str]) -> set[str]:
 
 def _cache_for(root: Path) -> "DigestCache":
     if root not in _caches:
-        _caches[root] = DigestCache(root / ".labrun" / "digests.json")
+        _caches[root] = DigestCache(Workspace(root).digests)
     return _caches[root]
 
 

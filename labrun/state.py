@@ -1,7 +1,9 @@
 """The engine's record of a session, and STATE.md rendered from it.
 
-`state.json` is the source of truth, written atomically after every change; STATE.md is
-rendered from it at the same moment, so the file can neither lag nor go missing. The agent
+`state.json` is the source of truth, written atomically as each change (a `transaction`)
+ends; STATE.md is rendered from it at the same moment and written right after it when its
+text changed, so the file can neither lag nor go missing (a kill between the two renames leaves
+it one change behind, until the engine starts again and writes it with its first save). The agent
 never writes either: its contributions arrive through `complete_phase` sections.
 """
 
@@ -12,9 +14,10 @@ import os
 import re
 import threading
 import time
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Iterator, Literal
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from pydantic import BaseModel, Field
@@ -469,15 +472,26 @@ def _keep_previous(path: Path) -> None:
         write_atomic(previous, path.read_text())
 
 
+SPEND_SAVE_INTERVAL_S = 5.0
+"""How stale the agent's spend may be in state.json and STATE.md while a phase streams replies:
+each reply's usage is in the phase's journal the moment it arrives, so nothing is lost."""
+
+
 class StateStore:
-    """Owns a session's state: every change is saved at once, STATE.md with it."""
+    """Owns a session's state: changes are made inside a `transaction`, saved once as it ends
+    (state.json whole, STATE.md when what it shows changed)."""
 
     def __init__(self, ws: Workspace, state: SessionState):
         self.ws = ws
         self.state = state
         self.listeners: list[Callable[[SessionState], None]] = []
         self._lock = threading.RLock()
+        self._depth = 0
         self._clock: tuple[float, float] | None = None
+        self._saved_at = 0.0
+        self._state_md: tuple[str, tuple[int, int, int]] | None = None
+        """STATE.md as last written, and its (inode, size, mtime) then: written again when the
+        text differs or when anything else replaced the file since."""
 
     def start_clock(self) -> None:
         """From now on every save adds the time this engine has run to `elapsed_s`."""
@@ -491,18 +505,64 @@ class StateStore:
             store.event(note)
         return store
 
-    def save(self) -> None:
+    @contextmanager
+    def transaction(self) -> Iterator[SessionState]:
+        """Change the state inside; the outermost transaction saves it once as it ends (not
+        when its body raised: what a failed change left half made is saved by the next).
+        One thread at a time: the others wait for it to end."""
         with self._lock:
-            if self._clock is not None:
-                self.state.elapsed_s = round(self._clock[0] + time.monotonic() - self._clock[1], 1)
-            _keep_previous(self.ws.state_file)
-            self.ws.write(self.ws.state_file, redact(self.state.model_dump_json(indent=2)))
+            self._depth += 1
             try:
-                self.ws.write(self.ws.state_md, render_state_md(self.state, str(self.ws.root)))
-            except OSError as e:  # an agent process racing the engine for its name: state.json holds it all
-                log.warning("STATE.md not rewritten this time (%s); the next change writes it again", e)
-            for listener in self.listeners:
-                listener(self.state)
+                yield self.state
+            finally:
+                self._depth -= 1
+            if self._depth == 0:
+                self._commit()
+
+    def save(self) -> None:
+        """Save now, or when the transaction this is called in ends."""
+        with self.transaction():
+            pass
+
+    def note_spend(self, usd: float) -> None:
+        """The agent's spend as of its last reply: saved with the next change, or now when the
+        last save is older than `SPEND_SAVE_INTERVAL_S`."""
+        with self._lock:
+            if usd == self.state.agent_spent_usd:
+                return
+            self.state.agent_spent_usd = usd
+            if self._depth == 0 and time.monotonic() - self._saved_at >= SPEND_SAVE_INTERVAL_S:
+                self._commit()
+
+    def _commit(self) -> None:
+        """The one place the state is written. A store shared by several processes would take
+        the file lock here (and, as the outermost transaction starts, reload what another
+        process saved); one process serializes its threads with `_lock`."""
+        if self._clock is not None:
+            self.state.elapsed_s = round(self._clock[0] + time.monotonic() - self._clock[1], 1)
+        _keep_previous(self.ws.state_file)
+        self.ws.write(self.ws.state_file, redact(self.state.model_dump_json(indent=2)))
+        self._saved_at = time.monotonic()
+        try:
+            self._write_state_md(render_state_md(self.state, str(self.ws.root)))
+        except OSError as e:  # an agent process racing the engine for its name: state.json holds it all
+            self._state_md = None
+            log.warning("STATE.md not rewritten this time (%s); the next change writes it again", e)
+        for listener in self.listeners:
+            listener(self.state)
+
+    def _write_state_md(self, text: str) -> None:
+        if self._state_md is not None and self._state_md == (text, self._stat_state_md()):
+            return
+        self.ws.write(self.ws.state_md, text)
+        self._state_md = (text, self._stat_state_md())
+
+    def _stat_state_md(self) -> tuple[int, int, int]:
+        try:
+            st = os.lstat(self.ws.state_md)
+        except OSError:
+            return (0, -1, 0)
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
 
     def event(self, text: str) -> None:
         """A Worklog line (saved with the next `save`), shown as progress too."""
@@ -511,9 +571,8 @@ class StateStore:
         log.info(text)
 
     def log(self, text: str) -> None:
-        with self._lock:
+        with self.transaction():
             self.event(text)
-            self.save()
 
     def set_phase(self, key: str, status: PhaseStatus, event: str, error: str | None = None) -> None:
         """The one writer of the phase table, called in the order the flow walks its phases:
@@ -521,16 +580,15 @@ class StateStore:
         task's Prefect state. A phase that starts makes every phase after it pending: the
         flow runs them after it, whatever they read before."""
         crashpoint(TRANSITIONS[status])
-        with self._lock:
-            record = self.state.phases[key]
+        with self.transaction() as state:
+            record = state.phases[key]
             record.status = status
             record.error = error
             if status == "IN PROGRESS":
-                keys = list(self.state.phases)
+                keys = list(state.phases)
                 for later in keys[keys.index(key) + 1:]:
-                    self.state.phases[later] = PhaseRecord(runs=self.state.phases[later].runs)
+                    state.phases[later] = PhaseRecord(runs=state.phases[later].runs)
             self.event(event)
-            self.save()
 
 
 def parse_state_md(text: str) -> dict[str, str]:

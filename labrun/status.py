@@ -76,7 +76,7 @@ def older_prompts(ws: Workspace, state: SessionState) -> set[str]:
     done = [k for k, r in state.phases.items() if r.status == "DONE" and k in BY_KEY]
     if not done:
         return set()
-    domain = load_idea(ws.data / "idea.yaml").guidance_domain
+    domain = load_idea(ws.idea_copy).guidance_domain
     older = set()
     for key in done:
         manifest = ws.phase_dir(key) / "manifest.json"

@@ -22,6 +22,7 @@ from typing import Any, Iterable, Iterator, Literal, NamedTuple
 from urllib.parse import urlsplit
 
 from labrun.agents.registry import tool_runs
+from labrun.journal import RECORD, Record, ReplyRecord, ToolResultRecord
 
 URL = re.compile(r"https?://[^\s<>\"'`|\\^{}\[\]()]+")
 ARXIV_ID = r"(\d{4}\.\d{4,5}|[a-z][a-z.\-]*/\d{7})(?:v\d+)?"
@@ -92,9 +93,9 @@ def journal_tool_runs(phase_dir: Path) -> Iterator[ToolRun]:
     """The journal's (`conversation-NNN.jsonl`): the Messages API's `web_fetch` results, in
     the reply that made the call, and `bash` calls with their results."""
     calls: dict[str, tuple[str, dict]] = {}
-    for record in records(phase_dir.glob("conversation-*.jsonl")):
-        if record.get("kind") == "reply":
-            for block in record.get("content") or []:
+    for record in _journal(phase_dir):
+        if isinstance(record, ReplyRecord):
+            for block in record.content:
                 if block.get("type") == "web_fetch_tool_result":
                     content = block.get("content") or {}
                     if content.get("type") == "web_fetch_result" and content.get("url"):
@@ -105,12 +106,21 @@ def journal_tool_runs(phase_dir: Path) -> Iterator[ToolRun]:
                             yield ToolRun("fetch", str(asked["url"]), False)
                 elif block.get("type") in ("tool_use", "server_tool_use") and block.get("name") in ("bash", "web_fetch"):
                     calls[block.get("id")] = (block["name"], block.get("input") or {})
-        elif record.get("kind") == "tool_result" and record.get("tool_use_id") in calls:
-            name, asked = calls[record["tool_use_id"]]
-            output = str(record.get("content") or "")
+        elif isinstance(record, ToolResultRecord) and record.tool_use_id in calls:
+            name, asked = calls[record.tool_use_id]
+            output = str(record.content or "")
             if name == "bash":
                 yield ToolRun("shell", str(asked.get("command") or ""),
-                              not record.get("is_error") and "[exit code:" not in output)
+                              not record.is_error and "[exit code:" not in output)
+
+
+def _journal(phase_dir: Path) -> Iterator[Record]:
+    """The phase's journal records; one that does not parse is skipped, as `records` skips."""
+    for raw in records(phase_dir.glob("conversation-*.jsonl")):
+        try:
+            yield RECORD.validate_python(raw)
+        except ValueError:
+            continue
 
 
 def records(files: Iterable[Path]) -> Iterator[dict]:

@@ -153,7 +153,7 @@ class ToolBox:
             return "Shell restarted. Each command runs in a fresh shell in the workspace root."
         if not inp.command:
             raise ToolError("bash needs a command (or restart: true)")
-        log = self.session.ws.data / "tmp" / "bash.log"
+        log = self.session.ws.tmp / "bash.log"
         result = run_command(inp.command, self.root, log, BASH_TIMEOUT_S, BASH_MAX_OUTPUT,
                              sandbox=self.session.sandbox(), keys=self.session.key_names())
         self.session.ws.release_reserve_if_full()
@@ -217,7 +217,7 @@ class ToolBox:
             entries = sorted(
                 (name if rel == "." else f"{rel}/{name}") + ("/" if stat.S_ISDIR(st.st_mode) else "")
                 for name, st in files.entries(rel)
-                if name != ".labrun"
+                if name != self.session.ws.data.name
             )
             shown = entries[:VIEW_MAX_ENTRIES]
             more = [f"[... and {len(entries) - len(shown)} more]"] if len(entries) > len(shown) else []

@@ -15,6 +15,7 @@ from typing import NoReturn
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.context import TaskRunContext
+from prefect.utilities.annotations import quote
 
 from labrun import prompts
 from labrun.crashpoints import crashpoint
@@ -103,7 +104,8 @@ def run_turns(model: Model, toolbox: ToolBox, convo: Conversation, system: str, 
         toolbox.session.ws.check_disk()
         request = ModelRequest(system=system, messages=convo.messages(), tools=specs, web=toolbox.phase.web)
         convo.add_call(convo.turns + 1)  # a crash before the reply is saved shows on resume
-        reply = model_call(model, request, phase=phase, turn=convo.turns + 1)
+        # quoted: Prefect would walk the whole conversation looking for futures in it, every turn
+        reply = model_call(model, quote(request), phase=phase, turn=convo.turns + 1)
         crashpoint("reply-received")  # the one window where a billed reply can be lost
         convo.add_reply(reply.content, reply.usage, reply.stop_reason)
         crashpoint("reply-saved")

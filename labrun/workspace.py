@@ -14,6 +14,8 @@ from labrun.settings import settings
 from labrun.wsfs import Beneath
 
 
+DATA = ".labrun"
+"""The name of the engine's folder in a workspace; every path in it is named here."""
 RESERVE_BYTES = 4 << 20
 """Kept allocated in `.labrun/reserve` and given up when a command fills the disk, so the
 record of that command (its attempt, the journal) can still be written."""
@@ -35,14 +37,31 @@ class Workspace:
     def __init__(self, root: str | Path):
         self.root = Path(root).resolve()
         self.files = Beneath(self.root)
-        self.data = self.root / ".labrun"
-        self.session_file = self.data / "session.json"
+        self.data = self.root / DATA
         self.state_file = self.data / "state.json"
+        self.idea_copy = self.data / "idea.yaml"
+        """The idea as the session started from it."""
         self.state_md = self.root / "STATE.md"
         self.results = self.data / "results"
         self.attempts = self.data / "attempts"
         self.kept = self.data / "kept"
         """Copies of the files the attempts started from, by digest (`snapshot.keep_copies`)."""
+        self.digests = self.data / "digests.json"
+        """The snapshot's digest cache (`labrun.snapshot`)."""
+        self.branches = self.data / "branches"
+        """Branch n, whole, once a later branch replaced it (`labrun.branches`)."""
+        self.reproductions = self.data / "reproductions"
+        self.tmp = self.data / "tmp"
+        """The engine's scratch files for the agent's commands (the bash tool's log, Codex's TMPDIR)."""
+        self.sandbox_tmp = self.data / "sandbox" / "tmp"
+        """The sandbox's `/tmp`."""
+        self.cache = self.data / "cache"
+        """The sandbox's home and caches (pip, uv, Hugging Face, torch), kept across attempts."""
+        self.gemini_home = self.data / "gemini"
+        self.faults = self.data / "faults"
+        """The scripted agent's fault marks (tests)."""
+        self.legacy_sealed = self.data / "sealed"
+        """Where earlier versions kept the sealed scorer's log."""
         self._lock_fd: int | None = None
 
     def write(self, path: Path | str, text: str) -> None:
@@ -62,12 +81,16 @@ class Workspace:
         path = self.phase_dir(phase_key) / "manifest.json"
         return json.loads(self.files.read_text(path)) if self.files.is_file(path) else None
 
+    def attempt_log(self, n: int) -> Path:
+        return self.attempts / f"attempt-{n:03d}.log"
+
     @property
     def reserve(self) -> Path:
         return self.data / "reserve"
 
-    def exists(self) -> bool:
-        return self.session_file.exists()
+    def has_session(self) -> bool:
+        """A session was started here (its state is written before anything else runs)."""
+        return self.state_file.is_file()
 
     def lock(self) -> None:
         """Hold the workspace for this process. The kernel drops a flock when its holder

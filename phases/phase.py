@@ -16,7 +16,7 @@ from prefect import task
 from labrun import prompts
 from labrun.agents.backends import make_agent
 from labrun.crashpoints import crashpoint
-from labrun.journal import Conversation, phase_usage
+from labrun.journal import Conversation, SystemRecord, UserRecord, phase_usage
 from labrun.session import Session
 from labrun.snapshot import workspace_files
 from labrun.phases import BY_KEY, Phase
@@ -112,20 +112,19 @@ def run_phase(session_id: str, workspace: str, phase_key: str, number: int, vers
         if convo is None or convo.completed is not None:
             convo = Conversation.start(phase_dir)
         # A phase cut off before its first reply keeps its prompt: the same request is asked again.
-        if not any(r["kind"] == "system" for r in convo.records):
+        if convo.system is None:
             files_before = workspace_files(session.ws.root)  # what the phase's `setup` puts there is its own
-            convo.append({"kind": "system", "text": prompts.phase_system_prompt(session, phase_key),
-                          "files_before": files_before,
-                          "prompt": prompts.prompt_digest(phase_key, session.idea.guidance_domain)})
-        if not any(r["kind"] == "user" for r in convo.records):
+            convo.append(SystemRecord(text=prompts.phase_system_prompt(session, phase_key), files_before=files_before,
+                                      prompt=prompts.prompt_digest(phase_key, session.idea.guidance_domain)))
+        if not convo.of(UserRecord):
             convo.add_user_text(prompts.kickoff(phase_key, order))
         event = f"phase {number} of {len(order)} {phase_key} started (run {record.runs})"
     session.store.set_phase(phase_key, "IN PROGRESS", event)
 
-    start = next(r for r in convo.records if r["kind"] == "system")
+    start = convo.system
     if convo.completion() is None:
         agent = make_agent(session.state.agent, session.state.model, session.ws.root)
-        agent.run_phase(toolbox(session, phase), convo, start["text"], session.max_turns(phase), session.budget())
+        agent.run_phase(toolbox(session, phase), convo, start.text, session.max_turns(phase), session.budget())
     completion = convo.completion()
     for step in engine_steps(session, phase_key):
         step(session)
@@ -135,9 +134,9 @@ def run_phase(session_id: str, workspace: str, phase_key: str, number: int, vers
         "phase": phase_key,
         "key": key,
         "summary": completion.get("summary", ""),
-        "files": {k: v for k, v in files_now.items() if start["files_before"].get(k) != v},
+        "files": {k: v for k, v in files_now.items() if (start.files_before or {}).get(k) != v},
         "sections": sorted(k for k, v in (completion.get("sections") or {}).items() if v),
-        "prompt": start.get("prompt"),  # the templates it was asked with (`labrun status`)
+        "prompt": start.prompt,  # the templates it was asked with (`labrun status`)
         "usage": phase_usage(phase_dir).model_dump(),
     }
     session.finish_phase(phase_key, manifest)

@@ -121,7 +121,7 @@ def rerun(session: Session, attempt: Attempt, left_s: float, tolerance: float) -
         minutes, _ = settings(session)
         why = "reproduction is turned off" if minutes == 0 else f"the {minutes:g} minutes for reproduction were spent"
         return Reproduction(status="SKIPPED", detail=f"not rerun: {why} (constraints.reproduce_minutes)")
-    place = session.ws.data / "reproductions" / f"attempt-{attempt.n:03d}"
+    place = session.ws.reproductions / f"attempt-{attempt.n:03d}"
     end_left_over(place)
     copy, environments, missing = rebuild(session, attempt, place)
     if missing:

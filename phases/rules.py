@@ -30,7 +30,6 @@ from labrun.plan import Plan, coverage, normal_path, output_exists, seeds_asked
 from labrun.workspace import Workspace
 from labrun.wsfs import Beneath, Refused
 
-IDEA_COPY = ".labrun/idea.yaml"
 """The session's copy of its idea, in the workspace."""
 
 PROSE = (".md", ".txt", ".rst")
@@ -69,7 +68,7 @@ class Work:
         return [a for a in self.attempts if a.phase == self.phase]
 
     def idea_text(self) -> str:
-        return self.text_of(IDEA_COPY) or ""
+        return self.text_of(Workspace(self.root).idea_copy) or ""
 
     @cached_property
     def fs(self) -> Beneath:

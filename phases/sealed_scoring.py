@@ -86,10 +86,9 @@ def sealed_scoring(spec: ScoringSpec) -> dict:
 
 
 def _record(session: Session, score: SealedScore) -> None:
-    with session.store._lock:
-        session.state.sealed.score = score
+    with session.store.transaction() as state:
+        state.sealed.score = score
         session.store.event(f"sealed scoring {score.status}: {score.detail}")
-        session.store.save()
 
 
 def score(session: Session) -> SealedScore:
@@ -99,7 +98,7 @@ def score(session: Session) -> SealedScore:
     if bubblewrap() is None:
         return SealedScore(status="FAILED", detail="not scored: bubblewrap, which keeps the scorer sealed, "
                            "is not available here")
-    shutil.rmtree(root / ".labrun" / "sealed", ignore_errors=True)  # where earlier versions kept the scorer's log
+    shutil.rmtree(session.ws.legacy_sealed, ignore_errors=True)
     # The machine's /tmp: every sandbox of the agent's, and a coding CLI's namespace, has a /tmp of its own.
     with tempfile.TemporaryDirectory(prefix="labrun-scoring-", dir="/tmp") as made:
         return run_scorer(sealed, root, Path(made))

@@ -25,7 +25,7 @@ from auto_responder import IDEA, PLAN as PLAN_MD, TURNS, AutoResearcher, phase_a
 from support import attempt_group, labrun, status, wait_for  # noqa: E402
 from fake_messages_api import FakeMessagesAPI, count_tokens, prompt_blocks  # noqa: E402
 
-from labrun.journal import Conversation  # noqa: E402
+from labrun.journal import Conversation, ReplyRecord  # noqa: E402
 from labrun.prices import cost_usd  # noqa: E402
 from labrun.state import phase_table  # noqa: E402
 from labrun.status import session_status  # noqa: E402
@@ -57,13 +57,13 @@ def run(idea: Path, ws: Path, *args: str):
     return labrun("run", str(idea), "--workspace", str(ws), "--agent", "anthropic", *args)
 
 
-def replies(ws: Path, phase: str | None = None) -> list[dict]:
+def replies(ws: Path, phase: str | None = None) -> list[ReplyRecord]:
     """Every model reply saved in the journals (of one phase, or all), across conversations."""
     found = []
     for p in PHASES:
         if phase in (None, p.key):
             for f in Conversation.files(ws / ".labrun" / "phases" / p.key):
-                found += [r for r in Conversation(f, repair=False).records if r["kind"] == "reply"]
+                found += Conversation(f, repair=False).of(ReplyRecord)
     return found
 
 
@@ -386,7 +386,7 @@ def test_kill_9_between_a_reply_and_its_tool_result_answers_it_as_interrupted(tm
     pgid = attempt_group(ws)
     assert "- Status: RUNNING" in (ws / "STATE.md").read_text()
     (reply,) = replies(ws, "experiments")  # saved, its tool call never answered
-    (call,) = [b for b in reply["content"] if b["type"] == "tool_use"]
+    (call,) = reply.tool_uses()
     asked = len(api.requests)
 
     result = cli("resume", str(ws))
@@ -510,7 +510,7 @@ def test_a_paused_turn_goes_on_and_a_call_cut_by_max_tokens_is_not_run(tmp_path,
     # max_tokens: the cut call was not run; the model read why, and what to do.
     assert not (ws / "cut-call-ran").exists()
     (cut,) = replies(ws, "setup")[:1]
-    assert cut["stop_reason"] == "max_tokens" and cut["content"][1]["input"] == {"command": "touch cut-call-ran"}
+    assert cut.stop_reason == "max_tokens" and cut.content[1]["input"] == {"command": "touch cut-call-ran"}
     answer = request_of(api, "setup", 2)["messages"][-1]["content"]
     (told,) = [b for b in answer if b.get("type") == "tool_result"]
     assert told["tool_use_id"] == "toolu_cut" and told["is_error"] and "Not run" in told["content"]

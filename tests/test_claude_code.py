@@ -24,7 +24,7 @@ from support import assert_complete, processes_with_env, status, wait_for  # noq
 
 from labrun.agents import claude_code  # noqa: E402
 from labrun.agents.claude_code import SCRUB  # noqa: E402
-from labrun.journal import Conversation  # noqa: E402
+from labrun.journal import CliSessionRecord, Conversation  # noqa: E402
 from labrun.prices import cost_usd  # noqa: E402
 from labrun.usage import Usage  # noqa: E402
 from labrun.phases import PHASES  # noqa: E402
@@ -107,7 +107,7 @@ def transcripts(ws: Path, phase: str) -> list[list[dict]]:
 def sessions_recorded(ws: Path, phase: str) -> list[str | None]:
     found = []
     for f in Conversation.files(ws / ".labrun" / "phases" / phase):
-        found += [r["session_id"] for r in Conversation(f, repair=False).records if r["kind"] == "cli_session"]
+        found += [r.session_id for r in Conversation(f, repair=False).of(CliSessionRecord)]
     return found
 
 

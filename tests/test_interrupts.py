@@ -21,7 +21,7 @@ import pytest
 
 from support import DEMO_IDEA, alive, attempt_group, on_prefect_home, wait_for
 from terminal import Terminal
-from labrun.journal import Conversation
+from labrun.journal import Conversation, ReplyRecord
 from labrun.state import phase_table
 from labrun.status import session_status
 
@@ -46,7 +46,7 @@ def own_api_env(tmp_path_factory):
 
 
 def replies(workspace: Path, phase: str) -> int:
-    return sum(sum(r["kind"] == "reply" for r in Conversation(f).records)
+    return sum(len(Conversation(f).of(ReplyRecord))
                for f in Conversation.files(workspace / ".labrun" / "phases" / phase))
 
 

@@ -32,11 +32,11 @@ def test_a_phase_declared_outside_the_flow_runs_in_its_place(tmp_path, prefect_a
     assert parse_state_md(text)["Doubts"] == "- Only one seed was run."
     assert (ws / "notes/second-look.md").is_file()
     convo = Conversation.latest(ws / ".labrun/phases/second_look")
-    system = convo.records[0]["text"]
+    system = convo.system.text
     assert system.splitlines()[0] == "# Phase 6 of 7: second_look"
     assert "`notes/second-look.md` exists and the section `doubts` is given" in system
     # The other phases count to 7 too, and documentation comes last.
-    first_lines = {k: Conversation.latest(ws / f".labrun/phases/{k}").records[0]["text"].splitlines()[0]
+    first_lines = {k: Conversation.latest(ws / f".labrun/phases/{k}").system.text.splitlines()[0]
                    for k in keys}
     assert first_lines["documentation"] == "# Phase 7 of 7: documentation"
     # A fresh flow run (a resume, a UI retry) walks the same seven phases from the cache.

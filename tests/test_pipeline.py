@@ -19,7 +19,7 @@ from web_host import serving
 from labrun.sandbox import bubblewrap
 
 from labrun import latex
-from labrun.journal import Conversation
+from labrun.journal import Conversation, ReplyRecord
 from labrun.state import parse_state_md, phase_table
 from labrun.status import session_status
 
@@ -54,9 +54,8 @@ def runs(ws: Path) -> dict[str, int]:
     return {p["key"]: p["runs"] for p in session_status(ws)["phases"]}
 
 
-def replies(ws: Path, phase: str) -> list[dict]:
-    return [r for f in Conversation.files(ws / ".labrun/phases" / phase)
-            for r in Conversation(f, repair=False).records if r["kind"] == "reply"]
+def replies(ws: Path, phase: str) -> list[ReplyRecord]:
+    return [r for f in Conversation.files(ws / ".labrun/phases" / phase) for r in Conversation(f, repair=False).of(ReplyRecord)]
 
 
 def kill(proc) -> None:
@@ -144,7 +143,7 @@ def test_kill_9_in_each_new_phase_then_resume_and_a_fresh_run_finds_nothing_to_d
     assert served_paper in (ws / "literature_review.md").read_text()
     assert "No source could be fetched" not in parse_state_md(text)["Literature and Resources"]
     # Planning's prompt builds on what resources handed on; the paper cites it.
-    planning = Conversation.latest(ws / ".labrun/phases/planning").records[0]["text"]
+    planning = Conversation.latest(ws / ".labrun/phases/planning").system.text
     assert "`literature_review.md` (phase 1)" in planning
     assert "The literature, data and code gathered for this study" in planning
     assert served_paper in (ws / "paper/references.bib").read_text()
@@ -164,7 +163,7 @@ def test_without_tex_the_paper_phase_completes_with_its_source_uncompiled(tmp_pa
     assert state.is_completed(), state.message
     assert [p["key"] for p in session_status(ws)["phases"]][-1] == "paper"
     assert_paper_done(ws, compiled=False)
-    prompt = Conversation.latest(ws / ".labrun/phases/paper").records[0]["text"]
+    prompt = Conversation.latest(ws / ".labrun/phases/paper").system.text
     assert "No TeX is installed here" in prompt
     for name in ("main.tex", "sections/results.tex", "references.bib"):
         assert (ws / "paper" / name).is_file(), name

@@ -21,7 +21,7 @@ from auto_responder import IDEA, AutoResearcher, phase_and_turn
 from fake_messages_api import FakeMessagesAPI
 from support import DEMO_IDEA, labrun
 
-from labrun.journal import Conversation
+from labrun.journal import Conversation, UserRecord
 from labrun.review import os_user
 
 REVISION = "Add a second noise level, sigma 2.0, to the plan."
@@ -145,7 +145,7 @@ def test_a_review_killed_at_each_step_is_applied_once(tmp_path, prefect_api, for
         again = cli("resume", str(ws))
     assert again.returncode == 3, again.stderr
     convo = Conversation.latest(ws / ".labrun/phases/planning")
-    assert sum(REVISION in json.dumps(r) for r in convo.records if r["kind"] == "user") == 1
+    assert sum(REVISION in r.model_dump_json() for r in convo.of(UserRecord)) == 1
     saved = state(ws)
     assert [(r["round"], r["decision"], r["applied"]) for r in saved["reviews"]] == [(1, "revise", True), (2, None, False)]
     assert saved["phases"]["planning"]["runs"] == 2 and saved["phases"]["setup"]["status"] == "pending"
@@ -172,8 +172,8 @@ def test_a_stop_ends_the_session_and_a_rerun_note_reaches_the_rerun_phases(tmp_p
     assert rerun.returncode == 3, rerun.stderr  # the new branch's analysis is reviewed too
     assert cli("review", str(ws), "--approve").returncode == 0
     for phase, expected in (("analysis", True), ("documentation", True), ("experiments", False)):
-        system = next(r for r in Conversation.latest(ws / f".labrun/phases/{phase}").records if r["kind"] == "system")
-        assert (note in system["text"]) == expected, phase
+        system = Conversation.latest(ws / f".labrun/phases/{phase}").system
+        assert (note in system.text) == expected, phase
 
 
 def test_the_ideas_metadata_names_the_phases_to_review(tmp_path, prefect_api, cli):

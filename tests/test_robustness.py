@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from support import DEMO_IDEA, labrun
 from labrun.idea import IdeaError, load_idea
-from labrun.journal import Conversation, JournalCorrupt
+from labrun.journal import Conversation, JournalCorrupt, Record
 from labrun.session import Session
 from labrun.phases.phase import toolbox
 from labrun.phases import BY_KEY
@@ -112,14 +112,14 @@ def test_a_damaged_journal_is_read_safely_or_reported_with_its_file(finished, tm
     except JournalCorrupt as e:
         assert str(path) in str(e) and "\n" not in str(e)
         return
-    assert all(isinstance(r, dict) for r in convo.records)
+    assert all(isinstance(r, Record) for r in convo.records)
     if how == "truncate":  # every record written whole before the cut is kept, in order
         original = Conversation(source, repair=False).records
         assert convo.records == original[: len(convo.records)]
         assert len(convo.records) >= raw.count(b"\n")
         repaired = Conversation(path)  # repair mode: the file ends a line, ready for appends
         repaired.add_user_text("after the cut")
-        assert Conversation(path).records[-1]["content"][0]["text"] == "after the cut"
+        assert Conversation(path).records[-1].texts() == ["after the cut"]
 
 
 def test_a_corrupted_journal_is_reported_and_the_record_kept(finished, tmp_path):

@@ -16,7 +16,7 @@ from pathlib import Path
 from support import attempt_group, DEMO_IDEA, group_alive, labrun, start_labrun, wait_for
 from labrun.agents import scripted
 from labrun.sandbox import bubblewrap
-from labrun.journal import Conversation
+from labrun.journal import Conversation, ReplyRecord, ToolResultRecord, UserRecord
 from labrun.state import parse_state_md, phase_table
 from labrun.status import session_status
 from labrun.phases import PHASES
@@ -41,11 +41,11 @@ def runs(workspace: Path) -> dict[str, int]:
     return {p["key"]: p["runs"] for p in session_status(workspace)["phases"]}
 
 
-def replies(workspace: Path, phase: str) -> list[dict]:
+def replies(workspace: Path, phase: str) -> list[ReplyRecord]:
     """Every model reply saved for a phase, across its conversations."""
     found = []
     for f in Conversation.files(workspace / ".labrun" / "phases" / phase):
-        found += [r for r in Conversation(f).records if r["kind"] == "reply"]
+        found += Conversation(f).of(ReplyRecord)
     return found
 
 
@@ -146,8 +146,8 @@ def test_exception_mid_phase_then_resume_redoes_nothing_finished(tmp_path, prefe
         assert len(replies(ws, phase)) == turns, phase  # no completed turn repeated
     convo = Conversation.latest(ws / ".labrun/phases/implementation")
     assert len(Conversation.files(ws / ".labrun/phases/implementation")) == 1
-    notes = [r for r in convo.records if r["kind"] == "user"]
-    assert "interrupted" in notes[-1]["content"][0]["text"].lower()
+    notes = convo.of(UserRecord)
+    assert "interrupted" in notes[-1].texts()[0].lower()
     assert_table_matches_tasks(ws, resumed)
 
 
@@ -208,11 +208,11 @@ def test_kill_9_mid_attempt_marks_it_interrupted_and_kills_its_processes(tmp_pat
     with get_client(sync_client=True) as client:
         assert client.read_task_run(killed).state.type.value == "CRASHED"
     convo = Conversation.latest(ws / ".labrun/phases/experiments")
-    first_result = next(r for r in convo.records if r["kind"] == "tool_result")
-    assert first_result["is_error"] and "cut off" in first_result["content"]
+    first_result = convo.of(ToolResultRecord)[0]
+    assert first_result.is_error and "cut off" in first_result.content
     # The model was not asked turn 1 again: one reply per turn, plus the redone run.
     assert len(replies(ws, "experiments")) == SCRIPT_TURNS["experiments"] + 1
-    assert replies(ws, "experiments")[0]["content"][1]["input"]["command"].endswith(scripted.COMMAND)
+    assert replies(ws, "experiments")[0].content[1]["input"]["command"].endswith(scripted.COMMAND)
     assert runs(ws)["implementation"] == 1
     assert "The results above are those of attempt 3." in (ws / "REPORT.md").read_text()
 

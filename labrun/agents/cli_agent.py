@@ -90,7 +90,7 @@ from labrun import prompts
 from labrun.agents.cli_process import feed_stdin, read_stdout, version
 from labrun.agents.cli_usage import cli_turns, current_session, cut_run, known_tools, record_result
 from labrun.agents.registry import AgentUnavailable
-from labrun.journal import Conversation
+from labrun.journal import CliEvent, CliSessionRecord, Conversation, ReplyRecord, UserRecord
 from labrun.mcp_tools import ToolCall, ToolServer, run_call
 from labrun.model import FatalModelError, TransientModelError, UsageWindowSpent
 from labrun.prices import cost_usd
@@ -362,7 +362,7 @@ class CliAgent:
     def system_text(self, toolbox: ToolBox, convo: Conversation, system: str) -> str:
         """The phase's system prompt for this engine's runs: as the phase began, or, when a
         phase already run resumes, rendered again with the STATE.md digest as it is now."""
-        if any(r["kind"] == "cli_session" for r in convo.records):
+        if convo.of(CliSessionRecord):
             system = prompts.phase_system_prompt(toolbox.session, toolbox.phase.key)
         note = prompts.env.get_template(self.tools_note).render() if self.tools_note else ""
         return system.rstrip() + "\n\n" + note + "\n"
@@ -423,7 +423,7 @@ class CliAgent:
                     raise UsageWindowSpent(verdict.message, resets_at=verdict.resets_at or time.time())
                 elif verdict.kind == "lost_session":
                     log.warning("%s: %s has no session %s here; starting a new one", phase, self.name, plan.session_id)
-                    convo.append({"kind": "cli_session", "session_id": None, "note": verdict.message[:300]})
+                    convo.append(CliSessionRecord(session_id=None, note=verdict.message[:300]))
                     convo.add_user_text(prompts.resume_note(phase, [], order))
                 elif verdict.kind in ("logged_out", "unusable"):
                     raise AgentUnavailable(verdict.message)
@@ -443,10 +443,10 @@ class CliAgent:
         n, transcript = new_transcript(phase_dir, self.name)
         resume = f"resuming session {plan.session_id}" if plan.session_id else "new session"
         started_at = time.time()
-        convo.append({"kind": "reply", "stop_reason": None, "usage": Usage().model_dump(),
-                      "content": [{"type": "text", "text": f"[{self.name} run {n}: {resume}]"}],
-                      "cli": {"run": n, "event": "start", "resume": plan.session_id, "transcript": transcript.name,
-                              "at": started_at}})
+        convo.append(ReplyRecord(stop_reason=None, usage=Usage(),
+                                 content=[{"type": "text", "text": f"[{self.name} run {n}: {resume}]"}],
+                                 cli=CliEvent(run=n, event="start", resume=plan.session_id, transcript=transcript.name,
+                                              at=started_at)))
         log.info("%s · %s run %d · %s", phase, self.name, n, resume)
         out = Outcome()
         stderr_path = transcript.with_suffix(".stderr")
@@ -550,9 +550,9 @@ class CliAgent:
         phase = toolbox.phase.key
         if isinstance(happening, Started):
             out.session_id = happening.session_id
-            record: dict[str, Any] = {"kind": "cli_session", "run": n, "session_id": happening.session_id}
+            record = CliSessionRecord(run=n, session_id=happening.session_id)
             if happening.tools is not None:
-                record["tools"] = happening.tools
+                record.tools = happening.tools
                 self.known_tools = happening.tools
             convo.append(record)
             if happening.problem:
@@ -563,10 +563,9 @@ class CliAgent:
             estimate = happening.usage.model_copy()
             estimate.cost_usd = estimate.estimated_usd = cost_usd(happening.model, estimate)
             streamed[happening.message_id] = estimate
-            convo.append({"kind": "reply", "stop_reason": None, "usage": estimate.model_dump(),
-                          "content": [{"type": "text", "text": f"[{self.name} message {happening.message_id}]"}],
-                          "cli": {"run": n, "event": "message", "id": happening.message_id,
-                                  "model": happening.model}})
+            convo.append(ReplyRecord(stop_reason=None, usage=estimate,
+                                     content=[{"type": "text", "text": f"[{self.name} message {happening.message_id}]"}],
+                                     cli=CliEvent(run=n, event="message", id=happening.message_id, model=happening.model)))
             budget.spend(estimate)
             try:
                 budget.check()
@@ -605,9 +604,9 @@ class CliAgent:
         after, so that a call cut off by a crash is answered as interrupted on resume."""
 
         def before(c: ToolCall) -> None:
-            convo.append({"kind": "reply", "stop_reason": "tool_use", "usage": Usage().model_dump(),
-                          "content": [{"type": "tool_use", "id": call_id, "name": c.name, "input": c.arguments}],
-                          "cli": {"event": "tool"}})
+            convo.append(ReplyRecord(stop_reason="tool_use", usage=Usage(),
+                                     content=[{"type": "tool_use", "id": call_id, "name": c.name, "input": c.arguments}],
+                                     cli=CliEvent(event="tool")))
 
         def after(c: ToolCall, result: ToolResult) -> None:
             convo.add_tool_result(call_id, c.name, result.content, result.is_error)
@@ -637,10 +636,10 @@ def pending_texts(convo: Conversation) -> list[str]:
     """User messages written since the last run started: the next run's prompt."""
     texts: list[str] = []
     for r in convo.records:
-        if r["kind"] == "reply" and (r.get("cli") or {}).get("event") == "start":
+        if isinstance(r, ReplyRecord) and r.event == "start":
             texts = []
-        elif r["kind"] == "user":
-            texts += [b["text"] for b in r["content"] if b.get("type") == "text"]
+        elif isinstance(r, UserRecord):
+            texts += r.texts()
     return texts
 
 

@@ -76,6 +76,7 @@ from labrun.settings import settings
 from labrun.usage import Usage, count
 from labrun.wsfs import Beneath
 from labrun.windows import clock
+from labrun.workspace import Workspace
 
 TOOLS_NOTE = "codex.md.j2"
 RESUME_NOTE = "codex_resume.md.j2"
@@ -161,8 +162,7 @@ class CodexAgent(CliAgent):
         env["CODEX_HOME"] = str(self.home)
         if "CODEX_API_KEY" not in env and os.environ.get("OPENAI_API_KEY") and self.login.startswith("API key"):
             env["CODEX_API_KEY"] = os.environ["OPENAI_API_KEY"]  # what `codex exec` reads
-        root = Path(plan.workspace or self.workspace or ".")
-        tmp = root / ".labrun" / "tmp"
+        tmp = Workspace(plan.workspace or self.workspace or ".").tmp
         tmp.mkdir(parents=True, exist_ok=True)
         env["TMPDIR"] = str(tmp)
         env["TZ"] = "UTC"  # its usage-limit message gives the reset in local time
@@ -178,7 +178,7 @@ class CodexAgent(CliAgent):
         """The session's, with the temp folder it gives Codex (TMPDIR) writable inside the
         read-only `.labrun/`."""
         sandbox = super().sandbox(session, proxy)
-        return replace(sandbox, writable=(*sandbox.writable, session.ws.data / "tmp"))
+        return replace(sandbox, writable=(*sandbox.writable, session.ws.tmp))
 
     def write_mcp_config(self, server, phase_dir: Path) -> None:
         return None  # on the command line

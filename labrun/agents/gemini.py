@@ -67,6 +67,7 @@ from labrun.sandbox import bubblewrap
 from labrun.settings import settings
 from labrun.usage import Usage, count
 from labrun.windows import clock
+from labrun.workspace import Workspace
 from labrun.wsfs import Beneath
 
 log = logging.getLogger("labrun")
@@ -116,7 +117,7 @@ class GeminiAgent(CliAgent):
     # -- the command line, the home and the environment -------------------------------------------
 
     def home(self, plan: RunPlan) -> Path:
-        return Path(plan.workspace or self.workspace or ".") / ".labrun" / "gemini"
+        return Workspace(plan.workspace or self.workspace or ".").gemini_home
 
     def argv(self, plan: RunPlan) -> list[str]:
         home = self.home(plan)
@@ -234,7 +235,7 @@ class GeminiAgent(CliAgent):
         Gemini CLI recorded in the session's file since the run began."""
         if not session_id or self.workspace is None:
             return None
-        replies = session_replies(Path(self.workspace) / ".labrun" / "gemini", session_id, since)
+        replies = session_replies(Workspace(self.workspace).gemini_home, session_id, since)
         if not replies:
             return None
         usage = sum((tokens_of_reply(r["tokens"]) for r in replies), Usage())

@@ -154,7 +154,9 @@ def session_dir(workspace: str) -> Path:
     root = Path(workspace)
     if root.exists() and not root.is_dir():
         raise CliError(f"{workspace}: is a file, not a session's folder")
-    if not (root / ".labrun" / "state.json").is_file():
+    from labrun.workspace import Workspace
+
+    if not Workspace(root).has_session():
         raise CliError(f"{workspace}: no labrun session here (start one with `{labrun_command()} run IDEA.yaml "
                        f"--workspace {workspace}`)")
     return root

@@ -143,13 +143,16 @@ def check_workspace(root: Path) -> None:
     nearest = root
     while not nearest.exists():
         nearest = nearest.parent
-    for folder in (nearest, root / ".labrun"):
+    from labrun.workspace import Workspace
+
+    data = Workspace(root).data
+    for folder in (nearest, data):
         if not folder.is_dir():
             continue
         try:
             fd, probe = tempfile.mkstemp(prefix=".labrun-probe-", dir=folder)
         except OSError as e:
-            what = "the folder" if folder == root or folder == root / ".labrun" else f"its parent {folder}"
+            what = "the folder" if folder in (root, data) else f"its parent {folder}"
             raise CliError(f"{root}: cannot write to {what} ({e.strerror}); use a writable folder") from None
         os.close(fd)
         os.unlink(probe)
@@ -230,8 +233,9 @@ def run_session(run: Run) -> int:
             return _run_flow(run, research_session)
     except Interrupted as e:
         display.close()
-        root = Path(run.workspace)
-        if (root / ".labrun" / "state.json").is_file():
+        from labrun.workspace import Workspace
+
+        if Workspace(run.workspace).has_session():
             err.print(f"[yellow]labrun: interrupted; resume with: {labrun_command()} resume {run.workspace}[/yellow]")
         else:
             err.print(f"[yellow]labrun: interrupted before the session started; start it again with: "

@@ -125,6 +125,7 @@ def _queue_one(path: Path, root: Path, args) -> str:
     from labrun.run_params import RunParams
     from labrun.serving.submit import active_session_run, flow_run_url, submit_session, workspace_for
     from labrun.status import finished_and_intact
+    from labrun.workspace import Workspace
 
     try:
         idea = load_idea(path)
@@ -137,7 +138,7 @@ def _queue_one(path: Path, root: Path, args) -> str:
         err.print(f"[red]{path}: not queued: cannot read it ({type(e).__name__}: {e})[/red]")
         return "invalid"
     workspace = workspace_for(path, idea.content_hash, root)
-    if (workspace / ".labrun" / "state.json").is_file() and finished_and_intact(workspace):
+    if Workspace(workspace).has_session() and finished_and_intact(workspace):
         console.print(f"{path.name}: {workspace} already holds this session, complete; not queued")
         return "skipped"
     active = active_session_run(workspace)
@@ -158,8 +159,10 @@ def _agent_of(workspace: Path, asked: str | None) -> str:
     """Which agent the queued run uses, in words: the one asked for, or the session's own."""
     import json
 
+    from labrun.workspace import Workspace
+
     try:
-        own = json.loads((workspace / ".labrun" / "state.json").read_text()).get("agent")
+        own = json.loads(Workspace(workspace).state_file.read_text()).get("agent")
     except (OSError, ValueError):
         own = None
     if asked:

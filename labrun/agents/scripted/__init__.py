@@ -31,6 +31,7 @@ from labrun.model import ModelReply, ModelRequest, TransientModelError
 from labrun.plan import seeds_asked
 from labrun.settings import settings
 from labrun.usage import Usage
+from labrun.workspace import Workspace
 
 HERE = Path(__file__).parent
 _docs = Environment(loader=FileSystemLoader(HERE), undefined=StrictUndefined)
@@ -473,7 +474,7 @@ class ScriptedModel:
 
     def __init__(self, workspace: str | Path | None = None, latency_s: float | None = None):
         self.latency_s = settings().scripted_latency_s if latency_s is None else latency_s
-        self.faults_dir = Path(workspace) / ".labrun" / "faults" if workspace else None
+        self.faults_dir = Workspace(workspace).faults if workspace else None
         self.faults = dict(
             (where, kind) for kind, _, where in
             (f.partition("@") for f in settings().scripted_faults.split(",") if f)
