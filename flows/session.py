@@ -114,7 +114,7 @@ def run_session(session: Session) -> dict[str, Any]:
     store.log(f"session run started (agent {session.state.agent})")
     # A deployment run comes here without the command line's checks.
     require_priced(session.state.agent, session.state.model, session.state.budget_usd)
-    if missing := unset_line(unset(session.experiment_keys())):
+    if missing := unset_line(unset(session.confinement.experiment_keys())):
         logging.getLogger("labrun").warning("%s", missing)
     upstream: list[str] = []
     refresh = False
@@ -205,7 +205,7 @@ def _crash_left_attempts(session: Session) -> None:
 def _record_interruption(session: Session, reason: str) -> None:
     """In STATE.md, in plain words. Attempts still running are killed and marked as a resume
     would mark them; the phase that was running is FAILED (its task Crashed)."""
-    session.reconcile_after_crash()
+    session.records.reconcile()
     running = [(n, p) for n, p in enumerate(session.phases, 1) if session.state.phases[p.key].status == "IN PROGRESS"]
     hint = f"resume with `labrun resume {session.ws.root}`"
     if not running:

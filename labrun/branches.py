@@ -32,7 +32,8 @@ from labrun import suggest
 from labrun.crashpoints import crashpoint
 from labrun.journal import Conversation, phase_usage
 from labrun.phases import BY_KEY
-from labrun.session import Session, changed_outputs, total_usage
+from labrun.limits import total_usage
+from labrun.session import Session, changed_outputs
 from labrun.snapshot import workspace_files
 from labrun.state import Attempt, Branch, PhaseRecord, SessionState, StateStore, now
 from labrun.tools import parse_metrics

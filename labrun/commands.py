@@ -4,7 +4,7 @@ bounded output, a scrubbed environment, and inside the sandbox (`labrun.sandbox`
 `Execution` is the seam between the engine and a process it starts for the agent: `bash`,
 `run_experiment`, a rerun and the sealed scorer all start theirs through `run_command`, which
 takes one by name (`EXECUTIONS`), so what each sees, hides and may write is what its `Sandbox`
-says, decided in one place (`Session.sandbox`)."""
+says, decided in one place (`Confinement.sandbox`)."""
 
 from __future__ import annotations
 

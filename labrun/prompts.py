@@ -203,7 +203,7 @@ def phase_system_prompt(session: Any, phase_key: str) -> str:
     """The system prompt of one phase of `session`, with the STATE.md digest as it is now.
     Runs the phase's `setup` (which may put files in the workspace)."""
     return system_prompt(phase_key, session.idea.as_prompt_dict(), session.idea.guidance_domain,
-                         digest(session.state, session.clock(), session.keys_for_prompt()), list(session.state.phases),
+                         digest(session.state, session.limits.clock(), session.confinement.keys_for_prompt()), list(session.state.phases),
                          template_context(session, BY_KEY[phase_key]))
 
 
@@ -241,8 +241,8 @@ def nudge(phase_key: str, missing: str, order: Sequence[str] = DEFAULT) -> str:
 
 def digest(state: Any, clock: dict[str, Any] | None = None, keys: dict[str, Any] | None = None) -> str:
     """A compact digest of STATE.md for the phase prompts: the state's phases are the
-    session's, in order; `clock` (`Session.clock`) is the time and money so far, `keys`
-    (`Session.keys_for_prompt`) the keys the experiments' commands get, by name."""
+    session's, in order; `clock` (`Limits.clock`) is the time and money so far, `keys`
+    (`Confinement.keys_for_prompt`) the keys the experiments' commands get, by name."""
     numbers = {k: n for n, k in enumerate(state.phases, 1)}
     handed_on = [(f, k) for k, r in state.phases.items() if _status(r) == "DONE"
                  for f in BY_KEY[k].hands_on] if state.phases else []

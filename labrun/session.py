@@ -3,32 +3,27 @@ phase tasks and the tools of one engine process."""
 
 from __future__ import annotations
 
-import json
 import shutil
-import threading
 import uuid
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from labrun import suggest
-from labrun.agents.registry import DEFAULT_AGENT, names, own_shell
-from labrun.commands import kill_group
-from labrun.prefect_processes import identified
+from labrun.agents.registry import DEFAULT_AGENT, names
 from labrun.idea import Idea, load_idea
-from labrun.state import (DEFAULT_TIME_LIMIT_S, Attempt, PhaseRecord, SessionState, StateStore, load_state,
-                          session_clock)
-from labrun.journal import Conversation, phase_usage
-from labrun.keys import Key, pass_env_names, session_keys, unset
+from labrun.state import PhaseRecord, SessionState, StateStore, load_state
+from labrun.journal import Conversation
+from labrun.keys import pass_env_names
 from labrun.plan import Plan
 from labrun.run_params import RunParams
-from labrun.egress import EgressProxy
 from labrun.evidence import echoed, kept_text, unmeasured
-from labrun.sandbox import Sandbox, bubblewrap
-from labrun.sealed import hidden, seal
+from labrun.sealed import seal
 from labrun.secrets import declare
-from labrun.snapshot import changed, entry_digest
-from labrun.usage import Budget, Usage
+from labrun.snapshot import entry_digest
 from labrun.workspace import Workspace
+from labrun.attempt_records import AttemptRecords
+from labrun.confinement import Confinement
+from labrun.limits import Limits, budget_source
 from labrun.paper import DEFAULT_STYLE, load_style
 from labrun.phases import BY_KEY, Phase, Work, phase_list, review_after_phases
 
@@ -75,8 +70,9 @@ class Session:
         self.ws = ws
         self.store = store
         self.idea = idea
-        self._egress: EgressProxy | None = None
-        self._egress_lock = threading.Lock()
+        self.records = AttemptRecords(ws, store)
+        self.confinement = Confinement(ws, idea, store)
+        self.limits = Limits(ws, idea, store)
 
     @property
     def state(self) -> SessionState:
@@ -139,7 +135,7 @@ class Session:
                     session._migrate()
                     session._settle(agent, model, budget_usd, max_turns, network, list(pass_env))
                     session._settle_reviews(review_after)
-                    session.reconcile_after_crash()
+                    session.records.reconcile()
             else:
                 if idea is None:
                     raise FileNotFoundError(f"{ws.root}: no labrun session here; start one with `labrun run IDEA.yaml --workspace {ws.root}`")
@@ -169,7 +165,7 @@ class Session:
                 session = cls(ws, store, idea)
                 store.log(f"session created (agent {state.agent})")
             session.store.start_clock()
-            declare(session.key_names())  # their values are redacted from now on, whatever the names
+            declare(session.confinement.key_names())  # their values are redacted from now on, whatever the names
         except BaseException:
             ws.unlock()
             raise
@@ -197,9 +193,7 @@ class Session:
     def close(self) -> None:
         if self._open.get(str(self.ws.root)) is self:  # not an engine task's (`attach`)
             del self._open[str(self.ws.root)]
-        if self._egress is not None:
-            self._egress.stop()
-            self._egress = None
+        self.confinement.close()
         self.ws.unlock()
 
     def _check_phases(self, wanted: tuple[str, ...] | None) -> None:
@@ -226,7 +220,7 @@ class Session:
         state.experiments_budget_usd = idea.budget_usd
         for a in state.attempts:  # an attempt of a labrun that did not judge its metrics when it ended
             if a.status == "SUCCESS" and "unmeasured" not in a.model_fields_set:
-                record = self.attempt_files(a.n) or {}
+                record = self.records.files(a.n) or {}
                 kept = kept_text(self.ws.kept, record.get("before") or {})
                 a.unmeasured, a.echoed = unmeasured(a, record, kept, self.ws.root), echoed(a, record, kept, self.ws.root)
         state.time_limit_s = idea.constraints.time_limit
@@ -247,7 +241,7 @@ class Session:
                 max_turns: int | None, network: bool | None, pass_env: list[str]) -> None:
         """A resume keeps the session's settings unless told otherwise; keys passed with
         `--pass-env` add to the session's."""
-        added = [n for n in dict.fromkeys(pass_env) if n not in self.key_names()]
+        added = [n for n in dict.fromkeys(pass_env) if n not in self.confinement.key_names()]
         if added:
             self.state.pass_env += added
             self.store.event(f"the experiments' commands get {', '.join(added)} too from now on (--pass-env)")
@@ -281,93 +275,6 @@ class Session:
                          + "".join(f"; phase {r.phase} no longer awaits review" for r in dropped))
         self.store.save()
 
-    def reconcile_after_crash(self) -> None:
-        """An attempt still RUNNING belongs to a dead engine: kill what it left, mark it."""
-        with self.store.transaction():
-            for a in self.state.attempts:
-                if a.status != "RUNNING":
-                    continue
-                run = self.attempt_run(a.n)
-                if run.get("ended"):  # it ended, but the engine stopped before recording it
-                    self.record_attempt(a.n, run["ended"])
-                    continue
-                if a.pgid:  # noted in the state by an older labrun
-                    kill_group(a.pgid)
-                if run.get("pgid") and identified(run["pgid"], run["started"]) is not None:
-                    kill_group(run["pgid"])
-                a.status = "INTERRUPTED"
-                a.error = "the session was interrupted while this attempt ran"
-                a.pgid = None
-                a.task_run = run.get("task_run") or a.task_run
-                self.store.event(f"attempt {a.n} marked INTERRUPTED (the engine stopped while it ran)")
-
-    # -- attempts --------------------------------------------------------------------------
-
-    def new_attempt(self, phase_key: str, inp, files_before: dict[str, str]) -> Attempt:
-        """Attempt n, RUNNING; `files_before` is the workspace as it found it."""
-        with self.store.transaction():
-            n = len(self.state.attempts) + 1
-            attempt = Attempt(
-                n=n,
-                phase=phase_key,
-                command=inp.command,
-                purpose=inp.purpose,
-                fix_applied=inp.fix_applied,
-                run_id=inp.run_id,
-                outputs=list(inp.outputs),
-                metrics_file=inp.metrics_file,
-                log=str(self.ws.attempt_log(n).relative_to(self.ws.root)),
-                branch=self.state.branch,
-            )
-            self.ws.write_json(self.attempt_files_path(n), {"before": files_before, "wrote": None})
-            self.state.attempts.append(attempt)
-            self.store.event(f"attempt {n} started: {inp.command}")
-        return attempt
-
-    def update_attempt(self, n: int, **fields: Any) -> None:
-        with self.store.transaction():
-            attempt = self.state.attempts[n - 1]
-            for k, v in fields.items():
-                setattr(attempt, k, v)
-            if "status" in fields:
-                self.store.event(
-                    f"attempt {n} {attempt.status}" + (f": {attempt.error}" if attempt.error else "")
-                )
-
-    def record_attempt(self, n: int, ended: dict[str, Any]) -> None:
-        """What the attempt task returned (`labrun.phases.attempts`), into the state."""
-        self.update_attempt(n, **{k: v for k, v in ended.items() if k in ENDED})
-
-    def attempt_run_path(self, n: int) -> Path:
-        return self.ws.attempts / f"attempt-{n:03d}.run.json"
-
-    def attempt_run(self, n: int) -> dict[str, Any]:
-        """What attempt n's task noted as it ran: its task run, its command's process group
-        (by identity) and, once it ended, its record; {} before it started."""
-        try:
-            return json.loads(self.attempt_run_path(n).read_text())
-        except (OSError, ValueError):
-            return {}
-
-    def attempt_files_path(self, n: int) -> Path:
-        return self.ws.attempts / f"attempt-{n:03d}.files.json"
-
-    def attempt_files(self, n: int) -> dict[str, Any] | None:
-        """The workspace as attempt n found it (`before`) and the files it wrote itself
-        (`wrote`, None until it ended); None for an attempt of an older labrun."""
-        try:
-            return json.loads(self.attempt_files_path(n).read_text())
-        except (OSError, ValueError):
-            return None
-
-    def attempt_wrote(self, n: int, files_after: dict[str, str], rewritten: Iterable[str] = ()) -> None:
-        """Record what attempt n changed in the workspace, for the retry rule and as evidence
-        (`labrun.evidence`); `rewritten`: files it wrote again as they were."""
-        files = self.attempt_files(n) or {"before": {}}
-        files["wrote"] = sorted(set(changed(files["before"], files_after)) | set(rewritten))
-        files["after"] = {k: files_after[k] for k in files["wrote"] if k in files_after}  # what it wrote, as evidence
-        self.ws.write_json(self.attempt_files_path(n), files)
-
     # -- phases ----------------------------------------------------------------------------
 
     def work(self, phase_key: str, sections: dict[str, str], parts: dict[str, Any] | None = None) -> Work:
@@ -380,7 +287,7 @@ class Session:
         return Work(self.ws.root, sections, attempts, phase_key,
                     log=self.ws.phase_dir(phase_key), plan=self.state.plan.merged(parts, phase_key),
                     given=parts, code_references=refs,
-                    files={a.n: self.attempt_files(a.n) or {} for a in attempts}, network=self.network_on)
+                    files={a.n: self.records.files(a.n) or {} for a in attempts}, network=self.confinement.network_on)
 
     def give_sections(self, phase_key: str, sections: dict[str, str],
                       parts: dict[str, Any] | None = None) -> None:
@@ -423,87 +330,3 @@ class Session:
     def phases(self) -> list[Phase]:
         """This session's phases, in order (fixed when it started)."""
         return [BY_KEY[k] for k in self.state.phases]
-
-    def usage(self) -> Usage:
-        return total_usage(self.ws, self.state)
-
-    def budget(self) -> Budget:
-        """The agent's budget, checked before every model call; what it spends is noted in
-        the state as it goes (STATE.md and the next prompts show it)."""
-        budget = Budget(self.state.budget_usd, self.usage(), str(self.ws.root), on_spend=self._note_spend)
-        self._note_spend(budget.used)
-        return budget
-
-    def _note_spend(self, used: Usage) -> None:
-        self.store.note_spend(used.cost_usd)
-
-    def clock(self) -> dict[str, Any]:
-        """Time and money so far, against the idea's limits and the agent's budget."""
-        return session_clock(self.state, self.usage().cost_usd)
-
-    def experiment_keys(self) -> list[Key]:
-        """The keys the experiments' commands get: the idea's and those passed (`labrun.keys`)."""
-        return session_keys(self.idea.api_keys, self.state.pass_env)
-
-    def key_names(self) -> list[str]:
-        return [k.name for k in self.experiment_keys()]
-
-    def keys_for_prompt(self) -> dict[str, Any]:
-        """What the prompts say of the keys, by name: those set here, those missing, and
-        whether the agent has a shell of its own (a coding CLI's), which runs without them."""
-        keys, missing = self.experiment_keys(), unset(self.experiment_keys())
-        return {"set": [k.name for k in keys if k not in missing], "missing": [k.name for k in missing],
-                "own_shell": own_shell(self.state.agent)}
-
-    def max_turns(self, phase: Phase) -> int:
-        return self.state.max_turns or phase.max_turns
-
-    @property
-    def network_on(self) -> bool:
-        """The agent's commands have the network, as the session and the idea say."""
-        return self.state.network and self.idea.constraints.network is not False
-
-    def sandbox(self, network: bool | None = None) -> Sandbox:
-        """Where agent commands run; no network when the session or the idea says so (unless
-        `network` says otherwise), else the internet through the session's egress proxy,
-        started on first use."""
-        if network is None:
-            network = self.network_on
-        egress = None
-        if network and bubblewrap() is not None:
-            with self._egress_lock:
-                if self._egress is None:
-                    self._egress = EgressProxy(self.idea.constraints.allowed_domains)
-                    self._egress.start()
-                egress = self._egress.socket
-        return Sandbox(self.ws.root, self.ws.sandbox_tmp, (self.ws.data,), network,
-                       cache=self.ws.cache, egress=egress, hidden=hidden(self.state.sealed))
-
-    @property
-    def time_limit_s(self) -> int:
-        constraints = self.idea.constraints
-        return (constraints.time_limit if constraints and constraints.time_limit else None) or DEFAULT_TIME_LIMIT_S
-
-
-ENDED = {"status", "exit_code", "duration_s", "error", "metrics", "outputs", "unmeasured", "echoed", "task_run"}
-"""What an attempt's task finds out, for the engine to record."""
-
-
-def budget_source(option: float | None, idea: Idea) -> str:
-    """Where a new session's agent budget comes from."""
-    if option is not None:
-        return "--budget-usd"
-    return "constraints.agent_budget" if idea.agent_budget_usd is not None else "none"
-
-
-def session_usage(ws: Workspace, keys) -> Usage:
-    total = Usage()
-    for key in keys:
-        total += phase_usage(ws.phase_dir(key))
-    return total
-
-
-def total_usage(ws: Workspace, state: SessionState) -> Usage:
-    """What the whole session spent: the workspace's journals and the archived ones of
-    earlier branches."""
-    return sum((b.archived for b in state.branches), session_usage(ws, state.phases))

@@ -9,7 +9,8 @@ from typing import Any
 from labrun.branches import BranchError, archive_dir, no_branch, rerun_pending, summaries
 from labrun.journal import phase_usage
 from labrun.plan import summary as plan_summary
-from labrun.session import changed_outputs, total_usage
+from labrun.limits import total_usage
+from labrun.session import changed_outputs
 from labrun.state import SessionState, load_state, session_clock
 from labrun.usage import Usage
 from labrun.workspace import Workspace

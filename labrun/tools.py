@@ -155,7 +155,7 @@ class ToolBox:
             raise ToolError("bash needs a command (or restart: true)")
         log = self.session.ws.tmp / "bash.log"
         result = run_command(inp.command, self.root, log, BASH_TIMEOUT_S, BASH_MAX_OUTPUT,
-                             sandbox=self.session.sandbox(), keys=self.session.key_names())
+                             sandbox=self.session.confinement.sandbox(), keys=self.session.confinement.key_names())
         self.session.ws.release_reserve_if_full()
         status = "" if result.exit_code == 0 else f"\n[exit code: {result.exit_code}]"
         return (result.output or "(no output)") + status

@@ -57,7 +57,6 @@ class Workspace:
         """The sandbox's `/tmp`."""
         self.cache = self.data / "cache"
         """The sandbox's home and caches (pip, uv, Hugging Face, torch), kept across attempts."""
-        self.gemini_home = self.data / "gemini"
         self.faults = self.data / "faults"
         """The scripted agent's fault marks (tests)."""
         self.legacy_sealed = self.data / "sealed"
@@ -72,6 +71,10 @@ class Workspace:
     def write_json(self, path: Path | str, data: Any) -> None:
         """Engine records (manifests, attempts' files): secrets redacted, keys included."""
         self.write(path, json.dumps(redact_data(data), indent=2, sort_keys=True) + "\n")
+
+    def agent_home(self, backend: str) -> Path:
+        """A coding CLI's home of its own, for a backend that keeps one in the workspace."""
+        return self.data / backend
 
     def phase_dir(self, key: str) -> Path:
         return self.data / "phases" / key

@@ -39,10 +39,10 @@ def start_attempt(session: Session, phase_key: str, inp: RunExperimentInput) -> 
     files = workspace_files(session.ws.root)
     refuse_if_repeated(session, phase_key, inp, files)
     keep_copies(session.ws.root, files, session.ws.kept)  # so that the engine can run it again
-    attempt = session.new_attempt(phase_key, inp, files)
+    attempt = session.records.new(phase_key, inp, files)
     ended = execute("attempt", AttemptSpec(workspace=str(session.ws.root), session_id=session.state.session_id,
                                            n=attempt.n))
-    session.record_attempt(attempt.n, ended)
+    session.records.record(attempt.n, ended)
     if settings().tasks_in != "here":
         session.store.log(f"attempt {attempt.n} ran in process {ended['pid']} (LABRUN_TASKS_IN={settings().tasks_in})")
     return session.state.attempts[attempt.n - 1]
@@ -65,7 +65,7 @@ def refuse_if_repeated(session: Session, phase_key: str, inp: RunExperimentInput
         )
     else:
         for a in attempts:
-            found = session.attempt_files(a.n) if a.status == "FAILED" and a.command == inp.command else None
+            found = session.records.files(a.n) if a.status == "FAILED" and a.command == inp.command else None
             if found is None or found["wrote"] is None:
                 continue
             own = set(found["wrote"]) | set(a.outputs) | {a.metrics_file} - {None}
@@ -115,7 +115,7 @@ def experiment_attempt(spec: AttemptSpec) -> dict:
 
 def _run(session: Session, n: int) -> dict:
     attempt = session.state.attempts[n - 1]
-    run_file = session.attempt_run_path(n)
+    run_file = session.records.run_path(n)
     noted = {"task_run": str(TaskRunContext.get().task_run.id)}
     session.ws.write_json(run_file, noted)
     log = session.ws.root / attempt.log
@@ -133,18 +133,18 @@ def _run(session: Session, n: int) -> dict:
         attempt.command,
         session.ws.root,
         log,
-        timeout_s=session.time_limit_s,
+        timeout_s=session.limits.time_limit_s,
         max_output_bytes=MAX_OUTPUT_BYTES,
         on_start=started,
-        sandbox=session.sandbox(),
-        keys=session.key_names(),
+        sandbox=session.confinement.sandbox(),
+        keys=session.confinement.key_names(),
     )
     session.ws.release_reserve_if_full()  # so that this attempt's record fits
     # a deterministic run writes its metrics file again byte for byte: written all the same
     rewritten = [attempt.metrics_file] if found and _identity(session, attempt.metrics_file) not in (None, found) else []
-    session.attempt_wrote(n, workspace_files(session.ws.root), rewritten)
+    session.records.wrote(n, workspace_files(session.ws.root), rewritten)
     status, error, metrics, outputs = judge(session, attempt, result)
-    record = session.attempt_files(n) or {}
+    record = session.records.files(n) or {}
     measured = attempt.model_copy(update={"metrics": metrics})
     kept = kept_text(session.ws.kept, record.get("before") or {})
     ended = attempt.model_copy(update=dict(

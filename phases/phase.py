@@ -124,7 +124,7 @@ def run_phase(session_id: str, workspace: str, phase_key: str, number: int, vers
     start = convo.system
     if convo.completion() is None:
         agent = make_agent(session.state.agent, session.state.model, session.ws.root)
-        agent.run_phase(toolbox(session, phase), convo, start.text, session.max_turns(phase), session.budget())
+        agent.run_phase(toolbox(session, phase), convo, start.text, session.limits.max_turns(phase), session.limits.budget())
     completion = convo.completion()
     for step in engine_steps(session, phase_key):
         step(session)

@@ -48,7 +48,7 @@ def results(session: Session) -> tuple[list[Standing], list[Verdict]]:
     sealed = session.idea.sealed_evaluation
     tolerance = sealed.tolerance if sealed and sealed.tolerance is not None else DEFAULT_SEALED_TOLERANCE
     behind = {n for c in plan.claims for n in (*c.attempts, *c.baseline_attempts)}
-    files = {n: session.attempt_files(n) or {} for n in behind}
+    files = {n: session.records.files(n) or {} for n in behind}
     changed = {n: code_changed(session, files[n]) for n in behind}
     # the sealed score judges the claims on what it scored: those whose attempts wrote the artifact,
     # by the metric's name, or, on a criterion the idea says it decides, whatever their name
@@ -108,7 +108,7 @@ def section(session: Session, edited: bool = False) -> str:
     attempts = {a.n: a for a in session.state.live_attempts()}
     if (sealed := sealed_line(session)) is not None:
         made = [n for n, a in attempts.items() if a.status == "SUCCESS" and session.state.sealed.artifact in
-                ((session.attempt_files(n) or {}).get("wrote") or ())]
+                ((session.records.files(n) or {}).get("wrote") or ())]
         lines += ["", sealed + ("" if made or not sealed_scores(session) else
                                " (no successful attempt wrote the artifact: it was made outside the record)")]
     if standings:

@@ -91,7 +91,7 @@ def reproduce(session: Session) -> None:
             workspace=str(session.ws.root), session_id=session.state.session_id, n=attempt.n,
             left_s=minutes * 60 - spent, tolerance=tolerance)))
         session.store.event(f"attempt {attempt.n} {result.status} by the engine's rerun: {result.detail}")
-        session.update_attempt(attempt.n, reproduction=result)
+        session.records.update(attempt.n, reproduction=result)
 
 
 class ReproductionSpec(TaskSpec):
@@ -129,14 +129,14 @@ def rerun(session: Session, attempt: Attempt, left_s: float, tolerance: float) -
     log = place / "output.log"
     sandbox = None
     if bubblewrap() is not None:
-        sandbox = replace(session.sandbox(), mounted_from=copy, tmp=place / "tmp", cache=place / "home",
+        sandbox = replace(session.confinement.sandbox(), mounted_from=copy, tmp=place / "tmp", cache=place / "home",
                           readonly=tuple(session.ws.root / e for e in environments))
-    limit_s = min(session.time_limit_s, left_s)
+    limit_s = min(session.limits.time_limit_s, left_s)
     result = run_command(attempt.command, copy, log, timeout_s=limit_s, max_output_bytes=200_000_000,
                          on_start=lambda pgid: (note_group(place, pgid), crashpoint("reproduction")), sandbox=sandbox,
-                         keys=session.key_names())
+                         keys=session.confinement.key_names())
     recorded = dict(log=str(log.relative_to(session.ws.root)), duration_s=round(result.duration_s, 2))
-    if result.timed_out and limit_s < session.time_limit_s:
+    if result.timed_out and limit_s < session.limits.time_limit_s:
         return Reproduction(status="SKIPPED", detail=f"not finished when the {settings(session)[0]:g} minutes for "
                             "reproduction ran out (constraints.reproduce_minutes)", **recorded)
     if result.exit_code != 0:
@@ -190,7 +190,7 @@ def rebuild(session: Session, attempt: Attempt, place: Path) -> tuple[Path, list
     clear(session, place)
     copy = place / "work"
     copy.mkdir(parents=True)
-    before = (session.attempt_files(attempt.n) or {}).get("before")
+    before = (session.records.files(attempt.n) or {}).get("before")
     if before is None:
         return copy, [], f"attempt {attempt.n} has no record of the files it started from"
     environments = [rel.rstrip("/") for rel in before if rel.endswith("/")]

@@ -60,7 +60,7 @@ class Work:
     code_references: tuple[str, ...] = ()
     """The repositories the idea's `background.code_references` name."""
     files: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
-    """Attempt n → the files it found and wrote (`Session.attempt_files`)."""
+    """Attempt n → the files it found and wrote (`AttemptRecords.files`)."""
     network: bool = True
     """The agent's commands have the network (off: `--no-network`, `constraints.network: false`)."""
 

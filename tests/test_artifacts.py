@@ -18,9 +18,9 @@ DEMO_IDEA = Path(__file__).resolve().parents[1] / "examples" / "demo_noise_avera
 
 def test_views_hold_state_md_attempts_progress_and_usage(session, monkeypatch):
     monkeypatch.setenv("LAB_SERVICE_TOKEN", "tok-123456789-secret")
-    session.new_attempt("experiments", RunExperimentInput(
+    session.records.new("experiments", RunExperimentInput(
         command="python3 run.py --token tok-123456789-secret", purpose="p"), {})
-    session.update_attempt(1, status="FAILED", error="exit code 1", exit_code=1)
+    session.records.update(1, status="FAILED", error="exit code 1", exit_code=1)
     session.store.set_phase("planning", "DONE", "phase 1 planning finished")
     views = artifacts.SessionArtifacts(session).views()
 

@@ -117,7 +117,7 @@ def test_experiments_report_their_spending_and_the_clock_runs_across_resumes(tmp
     assert "The runs' spending: $1.75 reported by 2 attempts (metric `cost_usd`), of the idea's budget of $50.00" in text
     assert re.search(r"^Time: \d+ s of the session's 10 min time limit used \(9 min left\)$", text, re.M), text
     assert "Attempts so far: 3 (3 succeeded, 0 failed)" in text
-    digest = prompts.digest(s.state, s.clock())
+    digest = prompts.digest(s.state, s.limits.clock())
     assert "**Clock** (when this phase started):\n- Time: " in digest
     assert "- The runs' spending: $1.75 reported by 2 attempts" in digest
     s.close()
@@ -143,6 +143,6 @@ def test_experiments_report_their_spending_and_the_clock_runs_across_resumes(tmp
 def test_over_the_time_limit_the_clock_says_so(tmp_path, idea):
     s = opened(tmp_path / "ws", idea)
     s.state.elapsed_s = 700
-    text = prompts.digest(s.state, s.clock())
+    text = prompts.digest(s.state, s.limits.clock())
     assert "- Time: 11 min of the session's 10 min time limit used: 1 min over it" in text
     s.close()

@@ -374,8 +374,8 @@ ENGINE = """
 import sys, time
 from labrun.session import Session
 s = Session.open(sys.argv[1], sys.argv[2], "scripted")
-sandbox = s.sandbox()
-print(s._egress.proc.pid, sandbox.egress, flush=True)
+sandbox = s.confinement.sandbox()
+print(s.confinement._egress.proc.pid, sandbox.egress, flush=True)
 time.sleep(600)
 """
 

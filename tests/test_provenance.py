@@ -167,7 +167,7 @@ def test_a_metrics_file_typed_with_the_editor_is_no_measurement(session, prefect
     write(session, "src/measure.py", "print('measuring')\n")  # honest-looking code that writes nothing
     write(session, "results/m0.json", '{"slope": -0.4993}')
     a, said = attempt(session, "python3 src/measure.py", run_id="R1")
-    assert OLD(a.command, session.attempt_files(a.n)["before"])
+    assert OLD(a.command, session.records.files(a.n)["before"])
     assert a.status == "SUCCESS"  # it ran: honest exploration is no failure
     assert a.unmeasured == "it did not write results/m0.json: that file holds what it held before the attempt ran"
     assert f"Not evidence: {a.unmeasured}. No result may cite" in said and "the code that computes them" in said
@@ -181,7 +181,7 @@ def test_a_copied_metrics_file_is_no_measurement(session, prefect_api):
     first, _ = attempt(session, "python3 src/measure.py 0", run_id="R1")
     copy, said = attempt(session, "python3 src/measure.py 0 /tmp/m.json && cp results/m0.json results/m1.json",
                          metrics_file="results/m1.json", run_id="R2")
-    assert OLD(copy.command, session.attempt_files(copy.n)["before"])
+    assert OLD(copy.command, session.records.files(copy.n)["before"])
     assert copy.unmeasured == "results/m1.json is written by `cp` in the command, not by the code of the workspace"
     assert "Not evidence" in said
     assert evidence(session).measured(copy) == {} and evidence(session).measured(first)
@@ -209,8 +209,8 @@ def test_a_script_that_is_not_the_code_named_is_no_measurement(session, prefect_
     write(session, "src/measure.py", MEASURE)
     write(session, "notes/gen.txt", FAKE)
     a, said = attempt(session, "cat src/measure.py >/dev/null; python3 notes/gen.txt > results/m0.json", run_id="R1")
-    assert OLD(a.command, session.attempt_files(a.n)["before"])
-    assert code_run(a.command, session.attempt_files(a.n)["before"]) == ["notes/gen.txt"]
+    assert OLD(a.command, session.records.files(a.n)["before"])
+    assert code_run(a.command, session.records.files(a.n)["before"]) == ["notes/gen.txt"]
     assert a.unmeasured is None and a.echoed["slope"] == "notes/gen.txt"
     refused(met(session, a.n), f"claims: K1 cites #{a.n}, whose record holds no measured slope (the value of "
             "slope is written in notes/gen.txt, not computed")
@@ -221,7 +221,7 @@ def test_values_written_in_the_code_it_ran_are_no_measurement(session, prefect_a
     write(session, "src/measure.py", "import json\nTRIALS = 300\njson.dump({'slope': -0.4993, 'trials': TRIALS},"
                                      " open('results/m0.json', 'w'))\n")
     a, said = attempt(session, "python3 src/measure.py", run_id="R1")
-    assert OLD(a.command, session.attempt_files(a.n)["before"])
+    assert OLD(a.command, session.records.files(a.n)["before"])
     assert a.echoed == {"slope": "src/measure.py"} and "Not measured: slope (its value is written in src/measure.py)" in said
     # the code as the attempt found it: edited afterwards, the record stands
     write(session, "src/measure.py", "print('nothing here')\n")
@@ -292,7 +292,7 @@ def test_failures_that_differ_by_a_comment_are_the_same_failure(session, prefect
         write(session, "src/run.py", f'"""Try {i}."""\n# attempt {i}: tuned\nraise SystemExit("no data")\n')
         a, said = attempt(session, "python3 src/run.py", run_id="R1", fix_applied=f"changed the comment, try {i}" if i else None)
         assert a.status == "FAILED", said
-    sources = {session.attempt_files(a.n)["before"]["src/run.py"] for a in session.state.attempts}
+    sources = {session.records.files(a.n)["before"]["src/run.py"] for a in session.state.attempts}
     assert len(sources) == 3  # the old check took these for three changes of the code
     refused(negative(session), "failed attempts that tried different things")
 

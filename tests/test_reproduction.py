@@ -254,7 +254,7 @@ def test_an_environment_swapped_for_a_link_after_the_attempt_is_not_bound(sessio
 
     weak = session.ws.root.parent / "weak"  # the weak target: a copy with the environment bound as it was
     (weak / ".venv").mkdir(parents=True)
-    sandbox = replace(session.sandbox(), mounted_from=weak, tmp=weak / "tmp", readonly=(venv,))
+    sandbox = replace(session.confinement.sandbox(), mounted_from=weak, tmp=weak / "tmp", readonly=(venv,))
     if swap == "a credential store":
         out = run_command("cat .venv/id_rsa", weak, weak / "log", 60, 10_000, sandbox=sandbox)
         assert "PRIVATE-KEY" in out.output, out.output

@@ -90,7 +90,7 @@ def test_the_python_of_labruns_helpers_runs_though_the_home_it_lies_in_is_covere
     out = bash(session, f"{sandbox.interpreter()} -I -c 'import ssl, json; print(6 * 7)'; "
                         f"touch {installation}/written && echo wrote")
     assert "42" in out and "wrote" not in out, out
-    assert session.sandbox().network, "the bridge, run by that Python, was not tried"
+    assert session.confinement.sandbox().network, "the bridge, run by that Python, was not tried"
 
 
 # (A coding CLI in labrun's PID namespace has the same lifeline; its bwrap builds so little

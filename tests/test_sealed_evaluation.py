@@ -107,7 +107,7 @@ def test_the_agents_commands_cannot_read_the_scorer_or_the_held_out_data(session
 
     # the namespace of labrun's a coding CLI runs in (Claude Code's and Codex's network
     # namespace, a PID namespace) covers them too, and keeps the engine's records read-only
-    guard = session.sandbox(network=True)
+    guard = session.confinement.sandbox(network=True)
     for wrap in (lambda argv, fd: in_pid_namespace(argv, fd, guard),
                  lambda argv, fd: in_network_namespace(argv, fd, guard.egress, guard)):
         lifeline = Lifeline()

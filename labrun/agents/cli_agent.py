@@ -289,7 +289,7 @@ class CliAgent:
         """The session's sandbox, with the CLI's own homes writable; for a CLI that runs
         inside it or in a network namespace of labrun's, with the network, which the CLI
         needs (its API) whatever the session says, through `proxy`, its own (`own_proxy`)."""
-        sandbox = session.sandbox()
+        sandbox = session.confinement.sandbox()
         extra = [Path(p) for p in settings().cli_writable.split(os.pathsep) if p.strip()]
         homes = [h for h in (*self.homes(), *extra) if h.exists()]
         sandbox = replace(sandbox, writable=(*sandbox.writable, *homes))
@@ -380,7 +380,7 @@ class CliAgent:
             CliAgent.announced = True
         system_file = phase_dir / f"{self.name}-system-prompt.md"
         toolbox.session.ws.write(system_file, self.system_text(toolbox, convo, system))
-        timeout = float(toolbox.session.time_limit_s if (t := settings().phase_timeout_s) is None else t)
+        timeout = float(toolbox.session.limits.time_limit_s if (t := settings().phase_timeout_s) is None else t)
         deadline = time.monotonic() + timeout
         close_orphaned_transcript(phase_dir, self.name)
         if (cut := cut_run(convo)) is not None:  # the engine died in it: what the CLI recorded

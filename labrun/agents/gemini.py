@@ -117,7 +117,7 @@ class GeminiAgent(CliAgent):
     # -- the command line, the home and the environment -------------------------------------------
 
     def home(self, plan: RunPlan) -> Path:
-        return Workspace(plan.workspace or self.workspace or ".").gemini_home
+        return Workspace(plan.workspace or self.workspace or ".").agent_home("gemini")
 
     def argv(self, plan: RunPlan) -> list[str]:
         home = self.home(plan)
@@ -235,7 +235,7 @@ class GeminiAgent(CliAgent):
         Gemini CLI recorded in the session's file since the run began."""
         if not session_id or self.workspace is None:
             return None
-        replies = session_replies(Workspace(self.workspace).gemini_home, session_id, since)
+        replies = session_replies(Workspace(self.workspace).agent_home("gemini"), session_id, since)
         if not replies:
             return None
         usage = sum((tokens_of_reply(r["tokens"]) for r in replies), Usage())

@@ -45,7 +45,7 @@ def cmd_rerun(args) -> int:
 
 def cmd_branches(args) -> int:
     from labrun.branches import summaries
-    from labrun.session import total_usage
+    from labrun.limits import total_usage
     from labrun.state import load_state
     from labrun.workspace import Workspace
 

@@ -1,0 +1,109 @@
+"""The engine's record of a session's experiment attempts: each numbered attempt in the
+state, and beside it in `.labrun/attempts/` the workspace it found and the files it wrote
+(`attempt-NNN.files.json`) and what its task noted as it ran (`attempt-NNN.run.json`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+from labrun.commands import kill_group
+from labrun.prefect_processes import identified
+from labrun.snapshot import changed
+from labrun.state import Attempt, StateStore
+from labrun.workspace import Workspace
+
+ENDED = {"status", "exit_code", "duration_s", "error", "metrics", "outputs", "unmeasured", "echoed", "task_run"}
+"""What an attempt's task finds out, for the engine to record."""
+
+
+class AttemptRecords:
+    def __init__(self, ws: Workspace, store: StateStore):
+        self.ws = ws
+        self.store = store
+
+    def new(self, phase_key: str, inp, files_before: dict[str, str]) -> Attempt:
+        """Attempt n, RUNNING; `files_before` is the workspace as it found it."""
+        state = self.store.state
+        with self.store.transaction():
+            n = len(state.attempts) + 1
+            attempt = Attempt(
+                n=n,
+                phase=phase_key,
+                command=inp.command,
+                purpose=inp.purpose,
+                fix_applied=inp.fix_applied,
+                run_id=inp.run_id,
+                outputs=list(inp.outputs),
+                metrics_file=inp.metrics_file,
+                log=str(self.ws.attempt_log(n).relative_to(self.ws.root)),
+                branch=state.branch,
+            )
+            self.ws.write_json(self.files_path(n), {"before": files_before, "wrote": None})
+            state.attempts.append(attempt)
+            self.store.event(f"attempt {n} started: {inp.command}")
+        return attempt
+
+    def update(self, n: int, **fields: Any) -> None:
+        with self.store.transaction():
+            attempt = self.store.state.attempts[n - 1]
+            for k, v in fields.items():
+                setattr(attempt, k, v)
+            if "status" in fields:
+                self.store.event(f"attempt {n} {attempt.status}" + (f": {attempt.error}" if attempt.error else ""))
+
+    def record(self, n: int, ended: dict[str, Any]) -> None:
+        """What the attempt's task returned (`labrun.phases.attempts`), into the state."""
+        self.update(n, **{k: v for k, v in ended.items() if k in ENDED})
+
+    def run_path(self, n: int) -> Path:
+        return self.ws.attempts / f"attempt-{n:03d}.run.json"
+
+    def run(self, n: int) -> dict[str, Any]:
+        """What attempt n's task noted as it ran: its task run, its command's process group
+        (by identity) and, once it ended, its record; {} before it started."""
+        try:
+            return json.loads(self.run_path(n).read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def files_path(self, n: int) -> Path:
+        return self.ws.attempts / f"attempt-{n:03d}.files.json"
+
+    def files(self, n: int) -> dict[str, Any] | None:
+        """The workspace as attempt n found it (`before`) and the files it wrote itself
+        (`wrote`, None until it ended); None for an attempt of an older labrun."""
+        try:
+            return json.loads(self.files_path(n).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def wrote(self, n: int, files_after: dict[str, str], rewritten: Iterable[str] = ()) -> None:
+        """Record what attempt n changed in the workspace, for the retry rule and as evidence
+        (`labrun.evidence`); `rewritten`: files it wrote again as they were."""
+        files = self.files(n) or {"before": {}}
+        files["wrote"] = sorted(set(changed(files["before"], files_after)) | set(rewritten))
+        files["after"] = {k: files_after[k] for k in files["wrote"] if k in files_after}  # what it wrote, as evidence
+        self.ws.write_json(self.files_path(n), files)
+
+    def reconcile(self) -> None:
+        """An attempt still RUNNING belongs to a dead engine: recorded if its task ended, else
+        what it left is killed and it is marked INTERRUPTED."""
+        with self.store.transaction():
+            for a in self.store.state.attempts:
+                if a.status != "RUNNING":
+                    continue
+                run = self.run(a.n)
+                if run.get("ended"):  # it ended, but the engine stopped before recording it
+                    self.record(a.n, run["ended"])
+                    continue
+                if a.pgid:  # noted in the state by an older labrun
+                    kill_group(a.pgid)
+                if run.get("pgid") and identified(run["pgid"], run["started"]) is not None:
+                    kill_group(run["pgid"])
+                a.status = "INTERRUPTED"
+                a.error = "the session was interrupted while this attempt ran"
+                a.pgid = None
+                a.task_run = run.get("task_run") or a.task_run
+                self.store.event(f"attempt {a.n} marked INTERRUPTED (the engine stopped while it ran)")
