@@ -101,7 +101,7 @@ def plain_tool(ws: Path, name: str, inp: dict) -> str:
 
 def engine_attempt(session, n: int | str) -> None:
     from labrun.phases.phase import toolbox
-    from labrun.phases import BY_KEY
+    from labrun.phase_registry import BY_KEY
 
     box = toolbox(session, BY_KEY["experiments"])
     result = box.call("run_experiment", {"command": "python3 -c 'print(1)'", "purpose": f"bench {n}"})

@@ -34,7 +34,7 @@ def billed(ws: Path) -> tuple[int, int]:
 
 def main() -> None:
     from labrun.flows.session import research_session
-    from labrun.phases import DEFAULT
+    from labrun.phase_registry import DEFAULT
 
     root = Path(tempfile.mkdtemp(prefix="labrun-bench-rerun-"))
     fresh = root / "fresh"

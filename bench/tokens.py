@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> None:
     from rich.console import Console
 
     from auto_responder import IDEA
-    from labrun.phases import PHASES
+    from labrun.phase_registry import PHASES
 
     console = Console()
     if not console.is_terminal:

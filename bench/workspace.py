@@ -74,7 +74,7 @@ def open_session(ws: Path):
 
 
 def attempt(session, n: int) -> None:
-    from labrun.phases import BY_KEY
+    from labrun.phase_registry import BY_KEY
     from labrun.phases.phase import toolbox
 
     result = toolbox(session, BY_KEY["experiments"]).call(
@@ -83,7 +83,7 @@ def attempt(session, n: int) -> None:
 
 
 def phase(session) -> None:
-    from labrun.phases import phase_version
+    from labrun.phase_registry import phase_version
     from labrun.phases.phase import run_phase
 
     task = run_phase.with_options(result_storage=session.ws.results, refresh_cache=True)

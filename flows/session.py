@@ -33,7 +33,7 @@ from labrun.session import Session
 from labrun.state import FlowRunRecord
 from labrun.status import nothing_to_do, session_status
 from labrun.windows import wait_out
-from labrun.phases import phase_version
+from labrun.phase_registry import phase_version
 from labrun.phases.phase import manifest_digest, run_phase
 
 

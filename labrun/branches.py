@@ -31,7 +31,7 @@ from typing import Any, Callable
 from labrun import suggest
 from labrun.crashpoints import crashpoint
 from labrun.journal import Conversation, phase_usage
-from labrun.phases import BY_KEY
+from labrun.phase_registry import BY_KEY
 from labrun.limits import total_usage
 from labrun.session import Session, changed_outputs
 from labrun.snapshot import workspace_files

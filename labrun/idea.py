@@ -215,7 +215,7 @@ def _phase_names(value: Any) -> Any:
     if isinstance(value, str):
         value = [v.strip() for v in value.split(",") if v.strip()]
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        from labrun.phases import phase_list
+        from labrun.phase_registry import phase_list
 
         phase_list(value)  # a ValueError naming the unknown phase and the known ones
     return value
@@ -227,7 +227,7 @@ def _review_names(value: Any) -> Any:
     if isinstance(value, str):
         value = [v.strip() for v in value.split(",") if v.strip()]
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        from labrun.phases import BY_KEY
+        from labrun.phase_registry import BY_KEY
 
         for name in value:
             if name not in BY_KEY:

@@ -8,7 +8,7 @@ from typing import Any
 
 from labrun.idea import Idea
 from labrun.journal import phase_usage
-from labrun.phases import Phase
+from labrun.phase_registry import Phase
 from labrun.state import DEFAULT_TIME_LIMIT_S, SessionState, StateStore, session_clock
 from labrun.usage import Budget, Usage
 from labrun.workspace import Workspace

@@ -6,7 +6,7 @@ of `complete_phase`; the engine keeps them in the session's state (`Plan`). Expe
 attempts name the run they serve (`run_experiment`'s `run_id`), so the engine can tell
 which planned runs have a successful attempt, which were set aside with a stated reason
 (a deviation), and which are still open. The phases' completion rules
-(`labrun.phases.rules`) read this; STATE.md, the prompts' digest and `labrun status` show it.
+(`labrun.phase_registry.rules`) read this; STATE.md, the prompts' digest and `labrun status` show it.
 
 The idea's evaluation criteria are numbered C1, C2, … in the order the idea lists them.
 """

@@ -30,7 +30,7 @@ from typing import Any, Sequence
 from jinja2 import ChoiceLoader, Environment, FileSystemLoader, StrictUndefined, TemplateNotFound
 
 from labrun.agents.registry import web_tools
-from labrun.phases import BY_KEY, DEFAULT, Phase, section_titles
+from labrun.phase_registry import BY_KEY, DEFAULT, Phase, section_titles
 from labrun.plan import coverage
 from labrun.state import add_clock_filters
 from labrun import resources, suggest

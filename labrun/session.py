@@ -25,7 +25,7 @@ from labrun.attempt_records import AttemptRecords
 from labrun.confinement import Confinement
 from labrun.limits import Limits, budget_source
 from labrun.paper import DEFAULT_STYLE, load_style
-from labrun.phases import BY_KEY, Phase, Work, phase_list, review_after_phases
+from labrun.phase_registry import BY_KEY, Phase, Work, phase_list, review_after_phases
 
 
 

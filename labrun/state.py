@@ -29,7 +29,7 @@ from labrun.resources import TEMPLATES, template_cache
 from labrun.secrets import redact
 from labrun.usage import Usage, reported_spend
 from labrun.workspace import Workspace, write_atomic
-from labrun.phases import DEFAULT, section_titles
+from labrun.phase_registry import DEFAULT, section_titles
 
 log = logging.getLogger("labrun")
 DEFAULT_TIME_LIMIT_S = 3600

@@ -71,7 +71,7 @@ def older_prompts(ws: Workspace, state: SessionState) -> set[str]:
     """Finished phases whose templates have been reworded since they ran. They stay finished
     (the cache version is what a phase asks, not its wording); the user may redo them."""
     from labrun.idea import load_idea
-    from labrun.phases import BY_KEY
+    from labrun.phase_registry import BY_KEY
     from labrun.prompts import prompt_digest
 
     done = [k for k, r in state.phases.items() if r.status == "DONE" and k in BY_KEY]
@@ -113,7 +113,7 @@ def finished_and_intact(root: Path, state: SessionState | None = None) -> bool:
     """Complete, and no finished phase's outputs changed since, nor what it asks (its cache
     version, unless a rerun pinned it): a resume has nothing to do. `state`: the session's,
     when the caller has read it already."""
-    from labrun.phases import phase_version
+    from labrun.phase_registry import phase_version
 
     ws = Workspace(root)
     if state is None:

@@ -20,7 +20,7 @@ from labrun.commands import run_command
 from labrun.plan import PLAN_FIELDS, coverage
 from labrun.resources import TEMPLATES
 from labrun.secrets import redact
-from labrun.phases import Phase, section_titles
+from labrun.phase_registry import Phase, section_titles
 from labrun.wsfs import Refused, agent_path
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from labrun.crashpoints import crashpoint
 from labrun.journal import Conversation, SystemRecord, UserRecord, phase_usage
 from labrun.session import Session
 from labrun.snapshot import workspace_files
-from labrun.phases import BY_KEY, Phase
+from labrun.phase_registry import BY_KEY, Phase
 from labrun.phases.attempts import start_attempt
 from labrun.phases.report_header import stamp_report
 from labrun.phases.reproduction import reproduce

@@ -248,7 +248,7 @@ def throwaway(tmp_path, monkeypatch):
     """A phase declared and templated in a temp dir, placed after analysis; the scripted
     agent gets a script for it. The registry is restored afterwards."""
     from labrun.agents import scripted
-    from labrun.phases import BY_KEY, Files, Phase, Sections, register
+    from labrun.phase_registry import BY_KEY, Files, Phase, Sections, register
 
     templates = tmp_path / "templates"
     (templates / "phases").mkdir(parents=True)

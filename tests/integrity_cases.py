@@ -36,7 +36,7 @@ from auto_responder import PLAN
 from support import DEMO_IDEA
 
 from labrun import latex
-from labrun.phases import BY_KEY
+from labrun.phase_registry import BY_KEY
 from labrun.phases.phase import engine_steps, toolbox
 from labrun.phases.report_header import record, results, unrecorded_numbers, write_up
 from labrun.sandbox import bubblewrap

@@ -99,7 +99,7 @@ def start_labrun(*args: str, env: dict | None = None) -> subprocess.Popen:
 
 def assert_complete(ws: Path, result: subprocess.CompletedProcess) -> None:
     """`labrun` ended well and STATE.md shows each of the six phases DONE."""
-    from labrun.phases import PHASES
+    from labrun.phase_registry import PHASES
     from labrun.state import phase_table
 
     assert result.returncode == 0, result.stdout + result.stderr
@@ -226,7 +226,7 @@ def state_md_sections(keys=None) -> list[str]:
     """STATE.md's top-level sections for a session of the phases `keys` (default: the six)
     without branches or reviews: the engine's own, and the phases' sections from the registry,
     the attempts before the results."""
-    from labrun.phases import DEFAULT, section_titles
+    from labrun.phase_registry import DEFAULT, section_titles
 
     titles = list(section_titles(DEFAULT if keys is None else keys).values())
     at = titles.index("Experiment Results")

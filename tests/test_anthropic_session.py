@@ -30,7 +30,7 @@ from labrun.prices import cost_usd  # noqa: E402
 from labrun.state import phase_table  # noqa: E402
 from labrun.status import session_status  # noqa: E402
 from labrun.usage import Usage  # noqa: E402
-from labrun.phases import PHASES  # noqa: E402
+from labrun.phase_registry import PHASES  # noqa: E402
 
 USAGE_FIELDS = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
 RATE_LIMITED = {"status": 429, "error": {"type": "rate_limit_error", "message": "Number of request tokens has exceeded your per-minute rate limit"},

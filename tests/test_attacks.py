@@ -125,7 +125,7 @@ def test_agent_text_cannot_add_lines_or_sections_to_the_engines_records(tmp_path
     """An attempt's purpose, fix and command, a metric's name and value: each lands on its own
     line of STATE.md, however many line breaks it holds (once, a purpose forged the phase
     table and a sealed evaluation's section)."""
-    from labrun.phases import BY_KEY
+    from labrun.phase_registry import BY_KEY
     from labrun.phases.phase import toolbox
     from labrun.session import Session
     from labrun.state import parse_state_md
@@ -153,7 +153,7 @@ def test_no_path_a_tool_is_given_reaches_outside(tmp_path, prefect_api):
     out of the workspace, `..`, absolute and hidden names, nothing outside is read or written."""
     from hypothesis import HealthCheck, given, settings, strategies as st
 
-    from labrun.phases import BY_KEY
+    from labrun.phase_registry import BY_KEY
     from labrun.phases.phase import toolbox
     from labrun.session import Session
     from support import DEMO_IDEA

@@ -27,7 +27,7 @@ from labrun.agents.claude_code import SCRUB  # noqa: E402
 from labrun.journal import CliSessionRecord, Conversation  # noqa: E402
 from labrun.prices import cost_usd  # noqa: E402
 from labrun.usage import Usage  # noqa: E402
-from labrun.phases import PHASES  # noqa: E402
+from labrun.phase_registry import PHASES  # noqa: E402
 
 from auto_responder import IDEA  # noqa: E402  (the same small idea as the Anthropic tests)
 

@@ -32,7 +32,7 @@ from support import DEMO_IDEA, wait_for
 from web_host import serving
 from labrun import sandbox
 from labrun.mcp_tools import ToolServer
-from labrun.phases import BY_KEY
+from labrun.phase_registry import BY_KEY
 from labrun.phases.phase import toolbox
 from labrun.session import Session
 

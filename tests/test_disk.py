@@ -15,7 +15,7 @@ from labrun.session import Session
 from labrun.state import phase_table
 from labrun.phases.phase import toolbox
 from labrun.workspace import DiskFull
-from labrun.phases import BY_KEY, DEFAULT
+from labrun.phase_registry import BY_KEY, DEFAULT
 
 FLOOR_MB = 8
 

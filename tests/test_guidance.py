@@ -14,7 +14,7 @@ import pytest
 
 from labrun import prompts
 from labrun.idea import load_idea
-from labrun.phases import PHASES
+from labrun.phase_registry import PHASES
 from support import labrun
 
 REPO = Path(__file__).resolve().parents[1]

@@ -93,7 +93,7 @@ def test_the_graph_sees_imports_inside_functions_and_through_packages():
     assert "labrun.agents" in graph["labrun.prompts"]  # through labrun.agents.registry
     # phases/ and flows/ under the names the code imports them by, and every module of each
     assert "labrun.phases.phase" in graph["labrun.flows.session"]
-    assert "labrun.paper" in graph["labrun.phases"]
+    assert "labrun.paper" in graph["labrun.phase_registry"]
     assert len(modules()) == len({path for folder in packages().values() for path in folder.rglob("*.py")})
     # a relative import, resolved from the module's package
     relative = ast.parse("from . import rules\nfrom ..state import Attempt")
@@ -103,3 +103,23 @@ def test_the_graph_sees_imports_inside_functions_and_through_packages():
 
 def test_no_module_depends_on_itself_through_others():
     assert circles(import_graph()) == []
+
+
+def reach(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for w in graph.get(todo.pop(), ()):
+            if w not in seen:
+                seen.add(w)
+                todo.append(w)
+    return seen
+
+
+def test_the_phase_registry_and_its_rules_stand_apart_from_the_prefect_tasks():
+    """The registry is read by everything (`labrun status` included), so it reaches neither
+    the phases' Prefect tasks nor a session; only the tasks import the registry."""
+    graph = import_graph()
+    for name in ("labrun.phase_registry", "labrun.phase_registry.rules"):
+        reached = reach(graph, name)
+        assert not {m for m in reached if m.startswith(("labrun.phases", "labrun.flows", "labrun.session"))}, name
+    assert "labrun.phase_registry" in graph["labrun.phases.phase"]

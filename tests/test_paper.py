@@ -19,7 +19,7 @@ from labrun.workspace import Workspace  # noqa: E402
 
 from labrun import latex, paper  # noqa: E402
 from labrun.journal import Conversation  # noqa: E402
-from labrun.phases import BY_KEY, CitesFetchedSource, Compiled, LatexPaper, Work  # noqa: E402
+from labrun.phase_registry import BY_KEY, CitesFetchedSource, Compiled, LatexPaper, Work  # noqa: E402
 from labrun.state import Attempt  # noqa: E402
 from labrun.usage import Usage  # noqa: E402
 
@@ -147,7 +147,7 @@ def test_with_tex_the_paper_must_compile_after_its_last_edit(tmp_path):
 
 def _paper_prompt(context: dict) -> str:
     from labrun import prompts
-    from labrun.phases import phase_list
+    from labrun.phase_registry import phase_list
 
     return prompts.system_prompt("paper", {"title": "T", "hypothesis": "h"}, "general", "",
                                  phase_list(["paper"]), {"web_tools": (), **context})
@@ -191,7 +191,7 @@ def test_a_cited_source_counts_only_when_this_phase_fetched_it(tmp_path):
 
 def test_the_optional_phases_rules_are_in_their_prompts():
     from labrun import prompts
-    from labrun.phases import phase_list
+    from labrun.phase_registry import phase_list
 
     order = phase_list(["resources", "paper"])
     text = prompts.system_prompt("resources", {"title": "T", "hypothesis": "h"}, "general", "", order,
@@ -207,7 +207,7 @@ def test_the_optional_phases_rules_are_in_their_prompts():
 @pytest.mark.parametrize("key", ["resources", "paper"])
 def test_the_optional_phases_have_general_guidance_and_domains_add_to_it(key):
     from labrun import prompts
-    from labrun.phases import phase_list
+    from labrun.phase_registry import phase_list
 
     domains = sorted(p.name for p in (prompts.TEMPLATES / "domains").iterdir() if p.is_dir())
     general = prompts.layers(key, "general")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from support import DEMO_IDEA, state_md_sections
 from test_session import assert_table_matches_tasks, resume_flow, run_flow
-from labrun.phases import PHASES
+from labrun.phase_registry import PHASES
 from labrun.state import parse_state_md, phase_table
 from labrun.status import session_status
 

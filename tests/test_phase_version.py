@@ -7,8 +7,8 @@ from __future__ import annotations
 import dataclasses
 
 from support import DEMO_IDEA
-from labrun.phases import BY_KEY
-from labrun.phases import phase_version
+from labrun.phase_registry import BY_KEY
+from labrun.phase_registry import phase_version
 from labrun.status import session_status
 
 

@@ -10,7 +10,7 @@ import pytest
 from support import DEMO_IDEA, labrun
 from labrun import phases as registry
 from labrun.journal import Conversation
-from labrun.phases import BY_KEY, DEFAULT, Phase, phase_list, register
+from labrun.phase_registry import BY_KEY, DEFAULT, Phase, phase_list, register
 from labrun.state import parse_state_md, phase_table
 from labrun.status import session_status
 

@@ -8,7 +8,7 @@ import json
 
 from auto_responder import PLAN
 from support import DEMO_IDEA, labrun
-from labrun.phases import BY_KEY
+from labrun.phase_registry import BY_KEY
 from labrun.phases.phase import toolbox
 from labrun.session import Session
 from labrun.state import parse_state_md

@@ -11,7 +11,7 @@ import yaml
 
 from support import NEURICO_IDEAS, needs_shared
 from labrun import prompts
-from labrun.phases import BY_KEY, PHASES, Files, PlannedRunsDone, SuccessfulAttempt
+from labrun.phase_registry import BY_KEY, PHASES, Files, PlannedRunsDone, SuccessfulAttempt
 
 KEYS = [p.key for p in PHASES]
 

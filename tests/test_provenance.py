@@ -20,7 +20,7 @@ import pytest
 from auto_responder import PLAN
 from support import DEMO_IDEA
 from labrun.evidence import code_run, precise
-from labrun.phases.rules import failure_kind, source_code
+from labrun.phase_registry.rules import failure_kind, source_code
 from labrun.session import Session
 from test_rule_gaming import call
 

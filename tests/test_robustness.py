@@ -17,7 +17,7 @@ from labrun.idea import IdeaError, load_idea
 from labrun.journal import Conversation, JournalCorrupt, Record
 from labrun.session import Session
 from labrun.phases.phase import toolbox
-from labrun.phases import BY_KEY
+from labrun.phase_registry import BY_KEY
 
 # Fixed examples in CI (a green main stays green); fresh ones on every local run.
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck),

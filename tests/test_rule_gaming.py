@@ -14,7 +14,7 @@ import pytest
 
 from auto_responder import PLAN
 from support import DEMO_IDEA
-from labrun.phases import BY_KEY
+from labrun.phase_registry import BY_KEY
 from labrun.phases.phase import toolbox
 from labrun.phases.report_header import stamp_report
 from labrun.session import Session

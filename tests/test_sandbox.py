@@ -20,7 +20,7 @@ import pytest
 from support import DEMO_IDEA, wait_for
 from labrun import sandbox
 from labrun.session import Session
-from labrun.phases import BY_KEY
+from labrun.phase_registry import BY_KEY
 from labrun.phases.phase import toolbox
 
 needs_bwrap = pytest.mark.usefixtures("bubblewrap_works")

@@ -19,7 +19,7 @@ from labrun.sandbox import bubblewrap
 from labrun.journal import Conversation, ReplyRecord, ToolResultRecord, UserRecord
 from labrun.state import parse_state_md, phase_table
 from labrun.status import session_status
-from labrun.phases import PHASES
+from labrun.phase_registry import PHASES
 
 SCRIPT_TURNS = {"planning": 2, "setup": 2, "implementation": 2, "experiments": 4,
                 "analysis": 2, "documentation": 3}

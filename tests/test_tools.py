@@ -11,7 +11,7 @@ from support import running, wait_for
 from labrun import tools
 from labrun.phases.phase import toolbox
 from labrun.tools import ToolBox
-from labrun.phases import BY_KEY
+from labrun.phase_registry import BY_KEY
 
 
 def box(session, phase="experiments") -> ToolBox:
@@ -129,7 +129,7 @@ def test_complete_phase_says_what_is_missing(session, prefect_api):
 
 
 def test_an_attempt_that_floods_its_output_is_stopped_with_a_clear_error(session, prefect_api, monkeypatch):
-    from labrun.phases import attempts
+    from labrun.phase_registry import attempts
 
     monkeypatch.setattr(attempts, "MAX_OUTPUT_BYTES", 200_000)
     result = box(session).call("run_experiment", {"command": "yes flood", "purpose": "flood"})

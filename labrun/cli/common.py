@@ -54,7 +54,7 @@ def phase_options(with_text: str, paper_style: str | None, asked=None) -> list[s
     `asked`: those the idea asks for (None: not known yet, so a style is not checked against
     the paper phase)."""
     from labrun.paper import load_style
-    from labrun.phases import phase_list
+    from labrun.phase_registry import phase_list
 
     with_phases = [p.strip() for p in with_text.split(",") if p.strip()]
     try:

@@ -213,7 +213,7 @@ def _pass_env(p: argparse.ArgumentParser) -> None:
 
 
 def _phase_order() -> list[str]:
-    from labrun.phases import BY_KEY, phase_list
+    from labrun.phase_registry import BY_KEY, phase_list
 
     return list(phase_list(BY_KEY))  # every phase, in the order they run
 

@@ -15,7 +15,7 @@ from labrun.cli.common import CliError, console, err, labrun_command, styled
 def cmd_check(args) -> int:
     from labrun.idea import IdeaError, load_idea
     from labrun.keys import check_warnings
-    from labrun.phases import phase_list
+    from labrun.phase_registry import phase_list
     from labrun.prompts import guidance_domain, layers
 
     from labrun.sealed import seal

@@ -38,7 +38,7 @@ class Run(RunParams):
 
 def cmd_run(args) -> int:
     from labrun.idea import IdeaError, load_idea
-    from labrun.phases import phase_list
+    from labrun.phase_registry import phase_list
 
     try:
         idea = load_idea(args.idea)
@@ -111,7 +111,7 @@ def cmd_demo(args) -> int:
 
 def review_after(args, phases=None) -> list[str] | None:
     """`--review-after`, each one of the session's `phases` (None: a phase labrun knows)."""
-    from labrun.phases import BY_KEY, review_after_phases
+    from labrun.phase_registry import BY_KEY, review_after_phases
 
     if args.review_after is None:
         return None
