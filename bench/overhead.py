@@ -3,7 +3,8 @@
 Prints one table, measured side by side in one run:
 - a full six-phase session through the engine (Prefect tasks, journal, STATE.md, attempts)
   against the same work as plain Python calls (the same scripted replies, files written and
-  commands run directly, nothing recorded);
+  commands run directly, each successful experiment run run again as the engine reruns the
+  attempts behind the claims, nothing recorded);
 - the resume of a finished session: a fresh flow run reading all six phases from the cache,
   and `labrun resume`'s no-op check;
 - one experiment attempt through `run_experiment` in an open session (RUNNING → Prefect
@@ -72,6 +73,7 @@ def plain_session(ws: Path) -> None:
         steps = SCRIPT[key]
         system = prompts.system_prompt(key, idea.as_prompt_dict(), idea.guidance_domain, "")
         messages: list[dict] = [{"role": "user", "content": [{"type": "text", "text": prompts.kickoff(key)}]}]
+        measured = []  # the commands of the phase's experiment runs that succeeded
         for _ in steps:
             reply = model.complete(ModelRequest(system=system, messages=messages, tools=tool_specs()))
             messages.append({"role": "assistant", "content": reply.content})
@@ -79,11 +81,13 @@ def plain_session(ws: Path) -> None:
             for block in reply.content:
                 if block["type"] == "tool_use":
                     results.append({"type": "tool_result", "tool_use_id": block["id"],
-                                    "content": plain_tool(ws, block["name"], block["input"])})
+                                    "content": plain_tool(ws, block["name"], block["input"], measured)})
             messages.append({"role": "user", "content": results})
+        for command in measured:  # the engine reruns the attempts behind the claims: work, not overhead
+            subprocess.run(["bash", "-c", command], cwd=ws, capture_output=True)
 
 
-def plain_tool(ws: Path, name: str, inp: dict) -> str:
+def plain_tool(ws: Path, name: str, inp: dict, measured: list[str]) -> str:
     if name == "str_replace_based_edit_tool":
         path = ws / inp["path"]
         if inp["command"] == "create":
@@ -94,6 +98,8 @@ def plain_tool(ws: Path, name: str, inp: dict) -> str:
         return "ok"
     if name in ("bash", "run_experiment"):
         done = subprocess.run(["bash", "-c", inp["command"]], cwd=ws, capture_output=True, text=True)
+        if name == "run_experiment" and done.returncode == 0 and inp.get("metrics_file"):
+            measured.append(inp["command"])
         metrics = (ws / inp["metrics_file"]).read_text() if done.returncode == 0 and inp.get("metrics_file") else "{}"
         return done.stdout + done.stderr + f"\nMetrics: {metrics}"
     return "ok"

@@ -88,7 +88,7 @@ def phase(session) -> None:
 
     task = run_phase.with_options(result_storage=session.ws.results, refresh_cache=True)
     task(session_id=session.state.session_id, workspace=str(session.ws.root), phase_key="planning",
-         number=1, version=phase_version("planning"), upstream="none", rerun=True)
+         number=1, version=phase_version("planning"), upstream="none", refresh=True)
 
 
 def measure(fn) -> tuple[float, int]:

@@ -11,7 +11,7 @@ from prefect.flow_runs import suspend_flow_run
 from prefect.input import RunInput
 from pydantic import Field, ValidationError
 
-from labrun.review import OUTCOMES, Outcome, apply, description, record, review_round
+from labrun.review import RESULTS, GateResult, apply, description, record, review_round
 from labrun.state import Review, ReviewDecision
 
 UI_REVIEWER = "the Prefect UI"
@@ -29,7 +29,7 @@ class ReviewInput(RunInput):
     reviewer: str = Field(default=UI_REVIEWER, description="who reviews (recorded in STATE.md)")
 
 
-def gate(session, number: int, phase: str, manifest: dict) -> Outcome:
+def gate(session, number: int, phase: str, manifest: dict) -> GateResult:
     """After `phase` completed (with `manifest`): go on, run it again with a revision, stop,
     or wait."""
     state, store = session.state, session.store
@@ -41,7 +41,7 @@ def gate(session, number: int, phase: str, manifest: dict) -> Outcome:
         state.reviews.append(last)
         store.log(f"phase {number} {phase} awaits review: `labrun review {session.ws.root}`")
     if last.applied:
-        return OUTCOMES[last.decision]
+        return RESULTS[last.decision]
     if last.decision is None:
         given = _wait_on_worker(session, last) if _deployment_run() else None
         if given is None:

@@ -118,14 +118,14 @@ def run_session(session: Session) -> dict[str, Any]:
         logging.getLogger("labrun").warning("%s", missing)
     upstream: list[str] = []
     refresh = False
-    kept = session.state.branches[-1].kept if session.state.branches else {}
+    pinned = session.state.branches[-1].pinned if session.state.branches else {}
     for number, phase in enumerate(session.phases, 1):
         changed = session.stale_outputs(phase.key)
         if changed:
             store.log(f"phase {number} {phase.key}: outputs changed ({', '.join(changed[:5])}); running it again")
         refresh = refresh or bool(changed)
         while True:  # once, and again for each revision a reviewer asks for
-            manifest = _run_phase(session, number, phase.key, upstream, refresh, kept.get(phase.key))
+            manifest = _run_phase(session, number, phase.key, upstream, refresh, pinned.get(phase.key))
             outcome = gate(session, number, phase.key, manifest) if phase.key in session.state.review_after else "approved"
             if outcome != "revised":
                 break
@@ -139,7 +139,7 @@ def run_session(session: Session) -> dict[str, Any]:
 
 
 def _run_phase(session: Session, number: int, key: str, upstream: list[str], refresh: bool,
-               kept: str | None) -> dict[str, Any]:
+               pinned_key: str | None) -> dict[str, Any]:
     """The phase's task, to its manifest (from the cache when it finished earlier)."""
     store = session.store
     task = run_phase.with_options(result_storage=session.ws.results, refresh_cache=refresh)
@@ -150,9 +150,9 @@ def _run_phase(session: Session, number: int, key: str, upstream: list[str], ref
         number=number,
         version=phase_version(key),
         upstream="-".join(upstream) or "none",
-        rerun=refresh,
+        refresh=refresh,
         branch=session.state.branch,
-        kept=kept,
+        pinned_key=pinned_key,
         review_round=review_round(session.state, key),
     )
     state: State = task(**params, return_state=True)

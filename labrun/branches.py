@@ -10,7 +10,7 @@ every start of the session flow) finishes what it left:
    copied into `branches/.new-<n>/`, renamed `branches/<n>/` once whole. Before that rename
    nothing has happened; after it the new branch is decided (`branch.json` says what it is).
 2. record: the new branch goes into the state: the replaced phases pending with their
-   sections removed, the kept phases' cache keys pinned (`Branch.kept`).
+   sections removed, the kept phases' cache keys pinned (`Branch.pinned`).
 3. clear: the replaced phases' journals and the files they created leave the workspace,
    which then shows the new branch only.
 
@@ -156,7 +156,7 @@ def archive(session: Session, branch: Branch, status: Callable[[Path], dict[str,
                               f"restore it, or rerun from {key}")
         for f in changed_outputs(manifest, state.file_digests, ws.root):
             adopted[f] = now_files[f]
-        branch.kept[key] = manifest["key"]
+        branch.pinned[key] = manifest["key"]
 
     final = archive_dir(ws, state.branch)
     tmp = final.with_name(f".new-{state.branch}")

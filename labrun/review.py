@@ -25,9 +25,9 @@ from labrun.journal import Conversation, UserRecord
 from labrun.state import Review, SessionState, now
 from labrun.workspace import Workspace
 
-Outcome = Literal["approved", "revised", "stopped", "waiting"]
+GateResult = Literal["approved", "revised", "stopped", "waiting"]
 """What the flow does after a reviewed phase: go on, run it again, end, or end to wait."""
-OUTCOMES: dict[str, Outcome] = {"approve": "approved", "revise": "revised", "stop": "stopped"}
+RESULTS: dict[str, GateResult] = {"approve": "approved", "revise": "revised", "stop": "stopped"}
 """What each decision, once applied, has the flow do."""
 
 
@@ -45,7 +45,7 @@ def record(store, review: Review, decision: str, text: str, reviewer: str) -> No
     crashpoint("review-decided")
 
 
-def apply(session, number: int, review: Review) -> Outcome:
+def apply(session, number: int, review: Review) -> GateResult:
     """Step two: what the decision does, once."""
     if review.decision == "revise":
         convo = Conversation.latest(session.ws.phase_dir(review.phase))
@@ -59,7 +59,7 @@ def apply(session, number: int, review: Review) -> Outcome:
              "stop": f"the session stopped after phase {number} {review.phase}, as {review.reviewer} decided"}
     session.store.log(event[review.decision])
     crashpoint("review-applied")
-    return OUTCOMES[review.decision]
+    return RESULTS[review.decision]
 
 
 def os_user() -> str:

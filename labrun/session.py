@@ -133,8 +133,8 @@ class Session:
                 session._check_paper_style(paper_style)
                 with store.transaction():  # what opening changes is saved once
                     session._migrate()
-                    session._settle(agent, model, budget_usd, max_turns, network, list(pass_env))
-                    session._settle_reviews(review_after)
+                    session._take_options(agent, model, budget_usd, max_turns, network, list(pass_env))
+                    session._take_reviews(review_after)
                     session.records.reconcile()
             else:
                 if idea is None:
@@ -237,7 +237,7 @@ class Session:
             else:
                 state.budget_from = "--budget-usd" if state.budget_usd is not None else "none"
 
-    def _settle(self, agent: str | None, model: str | None, budget_usd: float | None,
+    def _take_options(self, agent: str | None, model: str | None, budget_usd: float | None,
                 max_turns: int | None, network: bool | None, pass_env: list[str]) -> None:
         """A resume keeps the session's settings unless told otherwise; keys passed with
         `--pass-env` add to the session's."""
@@ -260,7 +260,7 @@ class Session:
             self.store.event("agent commands run without network from now on (--no-network)")
         self.store.save()
 
-    def _settle_reviews(self, review_after: list[str] | None) -> None:
+    def _take_reviews(self, review_after: list[str] | None) -> None:
         """A run's `review_after` replaces the session's; a review still awaited of a phase
         no longer named is dropped."""
         if review_after is None:

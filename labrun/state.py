@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Literal
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
-from pydantic import BaseModel, Field
+from pydantic import AliasChoices, BaseModel, Field
 
 from labrun.agents.registry import stand_in
 from labrun.plan import Plan, coverage, output_exists
@@ -135,8 +135,9 @@ class Branch(BaseModel):
     """When the next branch replaced it."""
     flow_run: str | None = None
     """The flow run that started it: a retry of that run continues it."""
-    kept: dict[str, str] = Field(default_factory=dict)
-    """Phase → cache key, for the phases before `from_phase`: reused as they stand."""
+    pinned: dict[str, str] = Field(default_factory=dict, validation_alias=AliasChoices("pinned", "kept"))
+    """Phase → cache key, for the phases before `from_phase`: reused as they stand (`kept` in
+    the state of an older labrun)."""
     spent_before: Usage = Field(default_factory=Usage)
     """The session's usage when it started; what it cost is what was spent after."""
     usage: Usage | None = None

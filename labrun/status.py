@@ -120,7 +120,7 @@ def finished_and_intact(root: Path, state: SessionState | None = None) -> bool:
         state, _ = load_state(ws)
     if not state.complete or rerun_pending(ws, state):
         return False
-    kept = state.branches[-1].kept if state.branches else {}
+    pinned = state.branches[-1].pinned if state.branches else {}
     for key in state.phases:
         manifest_file = ws.phase_dir(key) / "manifest.json"
         if not manifest_file.exists():
@@ -128,7 +128,7 @@ def finished_and_intact(root: Path, state: SessionState | None = None) -> bool:
         manifest = json.loads(manifest_file.read_text())
         if changed_outputs(manifest, state.file_digests, ws.root):
             return False
-        if key not in kept and f"-{key}-{phase_version(key)}-" not in manifest.get("key", ""):
+        if key not in pinned and f"-{key}-{phase_version(key)}-" not in manifest.get("key", ""):
             return False
     return True
 

@@ -13,13 +13,12 @@ import os
 import re
 
 import psutil
-from prefect import task
 from prefect.context import TaskRunContext
 
 from labrun.commands import run_command
 from labrun.crashpoints import crashpoint
 from labrun.evidence import echoed, kept_text, unmeasured
-from labrun.phases.execution import TaskSpec, execute
+from labrun.phases.execution import TaskSpec, engine_task, execute
 from labrun.settings import settings
 from labrun.session import Session
 from labrun.snapshot import changed, keep_copies, workspace_files
@@ -92,17 +91,7 @@ class AttemptSpec(TaskSpec):
     n: int
 
 
-def _attempt_key(context, parameters) -> str:
-    spec = parameters["spec"]
-    return f"labrun-{spec.session_id}-attempt-{spec.n}"
-
-
-@task(
-    name="attempt",
-    task_run_name="attempt {spec.n}",
-    cache_key_fn=_attempt_key,
-    persist_result=True,
-)
+@engine_task("attempt", "attempt {spec.n}", "labrun-{spec.session_id}-attempt-{spec.n}")
 def experiment_attempt(spec: AttemptSpec) -> dict:
     """Run attempt n's command and judge it, from the workspace alone (`labrun.phases.execution`):
     what it notes as it runs goes to its run file, and its record is returned."""

@@ -17,6 +17,7 @@ import subprocess
 import sys
 from typing import Any, Callable
 
+from prefect import task
 from prefect.transactions import CommitMode, transaction
 from pydantic import BaseModel
 
@@ -34,6 +35,15 @@ class TaskSpec(BaseModel):
 
     workspace: str
     session_id: str
+
+
+def engine_task(name: str, run_name: str, key: str):
+    """labrun's pattern for an engine task: a Prefect task of one spec, its result persisted
+    (in the workspace: `run_here`) and cached under `key`, formatted with the spec and never
+    with the flow run, so that any later run of the session gets it back instead of doing it
+    again."""
+    return task(name=name, task_run_name=run_name, persist_result=True,
+                cache_key_fn=lambda context, parameters: key.format(spec=parameters["spec"]))
 
 
 def _task(name: str):

@@ -56,11 +56,11 @@ def manifest_digest(manifest: dict[str, Any]) -> str:
 
 
 def _cache_key(context, p: dict[str, Any]) -> str:
-    """`kept`: the key a phase that a rerun reuses finished under. A phase that a rerun runs
+    """`pinned_key`: the key a phase that a rerun reuses finished under. A phase that a rerun runs
     again has its branch in the key (branch 1's keys are those of a session that never reran),
     and one that a reviewer sent back has its review round (`labrun.review`)."""
-    if p.get("kept"):
-        return p["kept"]
+    if p.get("pinned_key"):
+        return p["pinned_key"]
     branch = f"-b{p['branch']}" if p.get("branch", 1) > 1 else ""
     revised = f"-r{p['review_round']}" if p.get("review_round", 1) > 1 else ""
     return f"labrun-{p['session_id']}-{p['phase_key']}-{p['version']}-{p['upstream']}{branch}{revised}"
@@ -73,23 +73,23 @@ def _cache_key(context, p: dict[str, Any]) -> str:
     persist_result=True,
 )
 def run_phase(session_id: str, workspace: str, phase_key: str, number: int, version: str,
-              upstream: str, rerun: bool = False, branch: int = 1,
-              kept: str | None = None, review_round: int = 1) -> dict[str, Any]:
-    """`rerun`: the phase must run again (its outputs, or an upstream phase's, changed).
-    `branch`, `kept` and `review_round`: see `_cache_key`."""
+              upstream: str, refresh: bool = False, branch: int = 1,
+              pinned_key: str | None = None, review_round: int = 1) -> dict[str, Any]:
+    """`refresh`: the phase must run again (its outputs, or an upstream phase's, changed).
+    `branch`, `pinned_key` and `review_round`: see `_cache_key`."""
     session = Session.held(workspace)
     session.ws.check_disk()
     phase = BY_KEY[phase_key]
     phase_dir = session.ws.phase_dir(phase_key)
     key = _cache_key(None, {"session_id": session_id, "phase_key": phase_key, "version": version,
-                            "upstream": upstream, "branch": branch, "kept": kept,
+                            "upstream": upstream, "branch": branch, "pinned_key": pinned_key,
                             "review_round": review_round})
     order = list(session.state.phases)
     record = session.state.phases[phase_key]
     record.runs += 1
     convo = Conversation.latest(phase_dir)
     if convo is not None and convo.completed and convo.completed.get("key") == key \
-            and not rerun:
+            and not refresh:
         # Finished, but the engine died before Prefect committed the result.
         session.store.set_phase(phase_key, "IN PROGRESS", f"phase {number} {phase_key} found finished in its journal")
         return convo.completed

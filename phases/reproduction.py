@@ -46,11 +46,10 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from prefect import task
 
 from labrun.commands import kill_group, run_command
 from labrun.crashpoints import crashpoint
-from labrun.phases.execution import TaskSpec, execute
+from labrun.phases.execution import TaskSpec, engine_task, execute
 from labrun.sandbox import bubblewrap
 from labrun.prefect_processes import identified
 from labrun.session import Session
@@ -100,23 +99,17 @@ class ReproductionSpec(TaskSpec):
     tolerance: float
 
 
-def _reproduction_key(context, parameters) -> str:
-    spec = parameters["spec"]
-    return f"labrun-{spec.session_id}-reproduction-{spec.n}"
-
-
-@task(name="reproduction", task_run_name="reproduce attempt {spec.n}", cache_key_fn=_reproduction_key,
-      persist_result=True)
+@engine_task("reproduction", "reproduce attempt {spec.n}", "labrun-{spec.session_id}-reproduction-{spec.n}")
 def reproduce_attempt(spec: ReproductionSpec) -> dict:
     """Attempt n again, from the workspace alone (`labrun.phases.execution`): its `Reproduction`."""
     session = Session.attach(spec)
     try:
-        return rerun(session, session.state.attempts[spec.n - 1], spec.left_s, spec.tolerance).model_dump()
+        return reproduce_one(session, session.state.attempts[spec.n - 1], spec.left_s, spec.tolerance).model_dump()
     finally:
         session.close()
 
 
-def rerun(session: Session, attempt: Attempt, left_s: float, tolerance: float) -> Reproduction:
+def reproduce_one(session: Session, attempt: Attempt, left_s: float, tolerance: float) -> Reproduction:
     if left_s <= 0:
         minutes, _ = settings(session)
         why = "reproduction is turned off" if minutes == 0 else f"the {minutes:g} minutes for reproduction were spent"

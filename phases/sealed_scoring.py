@@ -28,8 +28,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from prefect import task
-from labrun.phases.execution import TaskSpec, execute
+from labrun.phases.execution import TaskSpec, engine_task, execute
 
 from labrun.wsfs import Beneath, Refused
 from labrun.commands import run_command
@@ -70,12 +69,7 @@ class ScoringSpec(TaskSpec):
     artifact_digest: str
 
 
-def _scoring_key(context, parameters) -> str:
-    spec = parameters["spec"]
-    return f"labrun-{spec.session_id}-sealed-{spec.artifact_digest[:16]}"
-
-
-@task(name="sealed-scoring", task_run_name="sealed scoring", cache_key_fn=_scoring_key, persist_result=True)
+@engine_task("sealed-scoring", "sealed scoring", "labrun-{spec.session_id}-sealed-{spec.artifact_digest:.16}")
 def sealed_scoring(spec: ScoringSpec) -> dict:
     """The artifact's score, from the workspace alone (`labrun.phases.execution`)."""
     session = Session.attach(spec)

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from support import DEMO_IDEA, labrun
-from labrun import phases as registry
+from labrun import phase_registry as registry
 from labrun.journal import Conversation
 from labrun.phase_registry import BY_KEY, DEFAULT, Phase, phase_list, register
 from labrun.state import parse_state_md, phase_table

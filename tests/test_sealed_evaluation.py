@@ -25,7 +25,7 @@ from test_rule_gaming import call, planned, write
 
 from labrun.idea import IdeaError
 from labrun.phases.report_header import stamp_report
-from labrun.phase_registry import sealed_scoring
+from labrun.phases import sealed_scoring
 from labrun.phases.sealed_scoring import run_scorer, score_sealed
 from labrun.prompts import phase_system_prompt
 from labrun.sandbox import Lifeline, bubblewrap, in_network_namespace, in_pid_namespace

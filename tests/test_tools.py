@@ -129,7 +129,7 @@ def test_complete_phase_says_what_is_missing(session, prefect_api):
 
 
 def test_an_attempt_that_floods_its_output_is_stopped_with_a_clear_error(session, prefect_api, monkeypatch):
-    from labrun.phase_registry import attempts
+    from labrun.phases import attempts
 
     monkeypatch.setattr(attempts, "MAX_OUTPUT_BYTES", 200_000)
     result = box(session).call("run_experiment", {"command": "yes flood", "purpose": "flood"})
