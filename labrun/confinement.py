@@ -6,6 +6,7 @@ commands get (`labrun.keys`)."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 from labrun.agents.registry import own_shell
@@ -19,12 +20,15 @@ from labrun.workspace import Workspace
 
 
 class Confinement:
-    def __init__(self, ws: Workspace, idea: Idea, store: StateStore):
+    def __init__(self, ws: Workspace, idea: Idea, store: StateStore, egress: str | None = None):
+        """`egress`: the socket of the egress proxy the engine that holds the session runs,
+        for an engine task on its machine: used rather than a proxy of its own."""
         self.ws = ws
         self.idea = idea
         self.store = store
         self._egress: EgressProxy | None = None
         self._egress_lock = threading.Lock()
+        self._given_egress = Path(egress) if egress else None
 
     @property
     def network_on(self) -> bool:
@@ -36,15 +40,22 @@ class Confinement:
         `network` says otherwise), else the internet through the session's egress proxy."""
         if network is None:
             network = self.network_on
-        egress = None
-        if network and bubblewrap() is not None:
-            with self._egress_lock:
-                if self._egress is None:
-                    self._egress = EgressProxy(self.idea.constraints.allowed_domains)
-                    self._egress.start()
-                egress = self._egress.socket
+        egress = self.egress_socket() if network else None
         return Sandbox(self.ws.root, self.ws.sandbox_tmp, (self.ws.data,), network,
                        cache=self.ws.cache, egress=egress, hidden=hidden(self.store.state.sealed))
+
+    def egress_socket(self) -> Path | None:
+        """The egress proxy's socket, for a sandbox with the network (which reaches it only
+        through that socket); started on first use. None without bubblewrap."""
+        if bubblewrap() is None:
+            return None
+        if self._given_egress is not None and self._given_egress.exists():
+            return self._given_egress
+        with self._egress_lock:
+            if self._egress is None:
+                self._egress = EgressProxy(self.idea.constraints.allowed_domains)
+                self._egress.start()
+            return self._egress.socket
 
     def experiment_keys(self) -> list[Key]:
         """The keys the experiments' commands get: the idea's and those passed (`labrun.keys`)."""

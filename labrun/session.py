@@ -66,12 +66,12 @@ class Session:
     _open: dict[str, "Session"] = {}
     """The sessions whose workspace lock this process holds (a flock is a process's)."""
 
-    def __init__(self, ws: Workspace, store: StateStore, idea: Idea):
+    def __init__(self, ws: Workspace, store: StateStore, idea: Idea, egress: str | None = None):
         self.ws = ws
         self.store = store
         self.idea = idea
         self.records = AttemptRecords(ws, store)
-        self.confinement = Confinement(ws, idea, store)
+        self.confinement = Confinement(ws, idea, store, egress)
         self.limits = Limits(ws, idea, store)
 
     @property
@@ -181,7 +181,7 @@ class Session:
         state, _ = load_state(ws)
         if state.session_id != spec.session_id:
             raise SessionMismatch(f"{ws.root} holds session {state.session_id}, not {spec.session_id}")
-        return cls(ws, _Reading(ws, state), load_idea(ws.data / "idea.yaml"))
+        return cls(ws, _Reading(ws, state), load_idea(ws.idea_copy), spec.egress)
 
     @classmethod
     def held(cls, workspace: str) -> "Session":

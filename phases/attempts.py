@@ -39,8 +39,7 @@ def start_attempt(session: Session, phase_key: str, inp: RunExperimentInput) -> 
     refuse_if_repeated(session, phase_key, inp, files)
     keep_copies(session.ws.root, files, session.ws.kept)  # so that the engine can run it again
     attempt = session.records.new(phase_key, inp, files)
-    ended = execute("attempt", AttemptSpec(workspace=str(session.ws.root), session_id=session.state.session_id,
-                                           n=attempt.n))
+    ended = execute("attempt", AttemptSpec.of(session, n=attempt.n))
     session.records.record(attempt.n, ended)
     if settings().tasks_in != "here":
         session.store.log(f"attempt {attempt.n} ran in process {ended['pid']} (LABRUN_TASKS_IN={settings().tasks_in})")

@@ -31,10 +31,21 @@ TASKS = {"attempt": "labrun.phases.attempts:experiment_attempt",
 
 
 class TaskSpec(BaseModel):
-    """What every engine task is given: the session, by its workspace and id."""
+    """What every engine task is given: the session, by its workspace and id, and the socket
+    of the engine's egress proxy when its commands have the network (a task on the engine's
+    machine uses it rather than starting a proxy of its own)."""
 
     workspace: str
     session_id: str
+    egress: str | None = None
+
+    @classmethod
+    def of(cls, session, **what: Any):
+        """The spec of a task of `session`'s, doing `what`."""
+        confinement = session.confinement
+        egress = confinement.egress_socket() if confinement.network_on else None
+        return cls(workspace=str(session.ws.root), session_id=session.state.session_id,
+                   egress=str(egress) if egress else None, **what)
 
 
 def engine_task(name: str, run_name: str, key: str):

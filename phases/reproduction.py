@@ -86,9 +86,8 @@ def reproduce(session: Session) -> None:
             continue
         spent = sum(a.reproduction.duration_s or 0 for a in session.state.attempts if a.reproduction)
         session.store.log(f"attempt {attempt.n}: the engine reruns it to check its metrics")
-        result = Reproduction.model_validate(execute("reproduction", ReproductionSpec(
-            workspace=str(session.ws.root), session_id=session.state.session_id, n=attempt.n,
-            left_s=minutes * 60 - spent, tolerance=tolerance)))
+        result = Reproduction.model_validate(execute("reproduction", ReproductionSpec.of(
+            session, n=attempt.n, left_s=minutes * 60 - spent, tolerance=tolerance)))
         session.store.event(f"attempt {attempt.n} {result.status} by the engine's rerun: {result.detail}")
         session.records.update(attempt.n, reproduction=result)
 

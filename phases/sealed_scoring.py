@@ -54,8 +54,7 @@ def score_sealed(session: Session) -> None:
     if sealed.score is not None and sealed.score.artifact_digest == artifact:
         return
     session.store.log(f"sealed scoring of {sealed.artifact} started")
-    record = execute("sealed-scoring", ScoringSpec(workspace=str(session.ws.root), session_id=session.state.session_id,
-                                                   artifact_digest=artifact))
+    record = execute("sealed-scoring", ScoringSpec.of(session, artifact_digest=artifact))
     _record(session, SealedScore.model_validate(record))
 
 
