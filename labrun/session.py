@@ -1,5 +1,7 @@
-"""A research session: its workspace, idea, state and settings, shared by the flow, the
-phase tasks and the tools of one engine process."""
+"""A research session: a workspace held (its lock), its idea and its state, opened with a
+run's parameters (`open`) or read by an engine task (`attach`), and the phase bookkeeping.
+Its services each have one job: `records` (the attempts), `confinement` (where commands run
+and what they get) and `limits` (what it may spend)."""
 
 from __future__ import annotations
 
