@@ -24,7 +24,10 @@ class RunParams(BaseModel):
         "The session's folder on the worker (required): a new session is made there, an existing "
         "one resumed."))
     agent: str | None = Field(None, description=(
-        "The agent backend; a new session without one gets labrun's default, a resumed one keeps its own."))
+        "The agent backend; a new session without one gets labrun's default, a resumed one keeps its own."),
+        # A choice in the UI's form, refused by the server when a run is created: the backends
+        # known at import (one registered later is checked by `_known` alone).
+        json_schema_extra={"enum": [*names(), None]})
     model: str | None = Field(None, description="The model; else the backend's default, or the session's.")
     budget_usd: float | None = Field(None, ge=0, description=(
         "The agent's own spending limit in US dollars; else the session's, or the idea's "
