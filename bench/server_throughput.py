@@ -33,6 +33,7 @@ from labrun.serving.prepare import prepare
 from labrun import prefect_processes as processes
 from labrun import serving
 from labrun.serving import submit
+from labrun.run_params import RunParams
 
 DEMO = REPO / "examples" / "demo_noise_averaging.yaml"
 
@@ -99,7 +100,8 @@ def run_level(n: int, count: int, root: Path) -> tuple[float, float, float, floa
         queue = client.read_work_queue_by_name(serving.SESSION_QUEUE, work_pool_name=serving.POOL)
         client.update_work_queue(queue.id, concurrency_limit=n)
     started = time.monotonic()
-    ids = [submit.submit_session(DEMO, root / f"session-{i:02d}", agent="scripted").id for i in range(count)]
+    ids = [submit.submit_session(RunParams(idea_path=str(DEMO), workspace=str(root / f"session-{i:02d}"),
+                                           agent="scripted")).id for i in range(count)]
     runs = {}
     while True:
         with get_client(sync_client=True) as client:
