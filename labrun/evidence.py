@@ -394,7 +394,8 @@ def unmeasured(attempt: Any, record: Mapping[str, Any], read_text: Callable[[str
 
 
 WRITERS = frozenset(("tee", "cp", "mv", "dd", "install", "ln", "sed", "awk", "gawk", "jq", "printf", "echo", "cat",
-                     "base64", "xxd", "perl", "tr", "head", "tail", "sort", "uniq", "paste", "cut", "rsync"))
+                     "base64", "xxd", "perl", "tr", "head", "tail", "sort", "uniq", "paste", "cut", "rsync",
+                     "touch"))
 """Programs that write a file the shell names, from what they are given rather than compute."""
 
 
@@ -516,12 +517,14 @@ class Evidence:
                 and self.computed_file(rel)]  # an environment is no result
 
     def computed_file(self, rel: str) -> bool:
-        """`rel` holds what a computing attempt wrote, and not a copy of a file that was there
-        before that attempt ran."""
+        """`rel` holds what a computing attempt wrote, and not a copy of another file that was
+        there before that attempt ran (its own earlier self, written again byte for byte by a
+        deterministic run, is no copy)."""
         now = entry_digest(self.root, rel)
         for a in self.attempts:
             record = self.files.get(a.n) or {}
+            others = {digest for path, digest in (record.get("before") or {}).items() if path != rel}
             if self.computed(a) and now is not None and (record.get("after") or {}).get(rel) == now \
-                    and now not in set((record.get("before") or {}).values()):
+                    and now not in others:
                 return True
         return False

@@ -11,13 +11,14 @@ import errno
 import math
 import os
 import re
+import stat
 
 import psutil
 from prefect.context import TaskRunContext
 
 from labrun.commands import run_command
 from labrun.crashpoints import crashpoint
-from labrun.evidence import echoed, kept_text, unmeasured
+from labrun.evidence import echoed, kept_text, shell_writer, unmeasured
 from labrun.phases.execution import TaskSpec, engine_task, execute
 from labrun.settings import settings
 from labrun.session import Session
@@ -107,7 +108,10 @@ def _run(session: Session, n: int) -> dict:
     noted = {"task_run": str(TaskRunContext.get().task_run.id)}
     session.ws.write_json(run_file, noted)
     log = session.ws.root / attempt.log
-    found = _identity(session, attempt.metrics_file)
+    # Its metrics file and declared outputs, as it finds them: a deterministic run writes them
+    # again byte for byte, which only their identity tells from a file it left alone.
+    watched = [p for p in dict.fromkeys([attempt.metrics_file, *attempt.outputs]) if p]
+    found = {p: _identity(session, p) for p in watched}
 
     def started(pgid: int) -> None:
         try:
@@ -128,8 +132,9 @@ def _run(session: Session, n: int) -> dict:
         keys=session.confinement.key_names(),
     )
     session.ws.release_reserve_if_full()  # so that this attempt's record fits
-    # a deterministic run writes its metrics file again byte for byte: written all the same
-    rewritten = [attempt.metrics_file] if found and _identity(session, attempt.metrics_file) not in (None, found) else []
+    before = (session.records.files(n) or {}).get("before") or {}
+    rewritten = [p for p in watched if found[p] and _identity(session, p) not in (None, found[p])
+                 and shell_writer(attempt.command, p, before, session.ws.root) is None]  # `touch` computes nothing
     session.records.wrote(n, workspace_files(session.ws.root), rewritten)
     status, error, metrics, outputs = judge(session, attempt, result)
     record = session.records.files(n) or {}
@@ -151,13 +156,13 @@ def _run(session: Session, n: int) -> dict:
 
 
 def _identity(session: Session, rel: str | None) -> tuple[int, int] | None:
-    """A file's inode and modification time (None when there is none, or it is not one the
-    engine reads): which tell a file written again from one left alone."""
+    """A regular file's inode and modification time (None when there is none, or it is not one
+    the engine reads): which tell a file written again from one left alone."""
     try:
         st = session.ws.files.lstat(rel) if rel else None
     except Refused:
         return None
-    return (st.st_ino, st.st_mtime_ns) if st is not None else None
+    return (st.st_ino, st.st_mtime_ns) if st is not None and stat.S_ISREG(st.st_mode) else None
 
 
 def judge(session: Session, attempt: Attempt, result) -> tuple[str, str | None, dict, list[str]]:

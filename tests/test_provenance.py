@@ -268,6 +268,27 @@ def test_a_hand_drawn_figure_is_refused_and_the_computed_one_accepted(session, p
     assert not done.is_error, done.content
 
 
+def test_a_figure_drawn_again_as_it_was_is_the_attempts_own_and_a_touched_one_is_not(session, prefect_api):
+    """A run cut off by a crash after it drew its figure leaves the figure there; the next run
+    draws it again byte for byte, and that counts (it counted only for a metrics file, so an
+    honest agent was refused for good). `touch` on a figure drawn by hand does not count."""
+    planned(session, outputs=("results/fig.svg",))
+    write(session, "src/measure.py", MEASURE)
+    write(session, "src/plot.py", PLOT)
+    attempt(session, "python3 src/measure.py 0", run_id="R1")
+    # What the cut-off run drew: byte for byte what the next run draws.
+    subprocess.run([sys.executable, "src/plot.py", "results/m0.json", "results/fig.svg"], cwd=session.ws.root, check=True)
+    finish = dict(summary="figure drawn", sections={"learnings": "- the slope is near -0.5 as expected"})
+    refused(call(session, "analysis", "complete_phase", **finish), "results/fig.svg holds what no")
+    attempt(session, "python3 src/measure.py 0 /tmp/m.json && touch results/fig.svg", metrics_file=None,
+            phase="analysis", outputs=["results/fig.svg"])
+    refused(call(session, "analysis", "complete_phase", **finish), "results/fig.svg holds what no")  # touched, not drawn
+    attempt(session, "python3 src/plot.py results/m0.json results/fig.svg", metrics_file=None, phase="analysis",
+            outputs=["results/fig.svg"])
+    done = call(session, "analysis", "complete_phase", **finish)
+    assert not done.is_error, done.content
+
+
 def test_a_planned_output_may_still_be_set_aside(session, prefect_api):
     planned(session, outputs=("results/fig.svg",))
     write(session, "results/fig.svg", "<svg/>")
