@@ -62,9 +62,10 @@ class AttemptRecords:
 
     def run(self, n: int) -> dict[str, Any]:
         """What attempt n's task noted as it ran: its task run, its command's process group
-        (by identity) and, once it ended, its record; {} before it started."""
+        (by identity) and, once it ended, its record; {} before it started (or when a link
+        stands in its place: read beneath the workspace, never through one)."""
         try:
-            return json.loads(self.run_path(n).read_text())
+            return json.loads(self.ws.files.read_text(self.run_path(n)))
         except (OSError, ValueError):
             return {}
 
@@ -75,7 +76,7 @@ class AttemptRecords:
         """The workspace as attempt n found it (`before`) and the files it wrote itself
         (`wrote`, None until it ended); None for an attempt of an older labrun."""
         try:
-            return json.loads(self.files_path(n).read_text())
+            return json.loads(self.ws.files.read_text(self.files_path(n)))
         except (OSError, ValueError):
             return None
 

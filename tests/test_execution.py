@@ -47,3 +47,20 @@ def test_every_engine_task_runs_in_a_process_of_its_own_and_the_session_ends_the
     with get_client(sync_client=True) as client:  # each attempt is still a Prefect task run, ended
         for a in apart.attempts:
             assert client.read_task_run(UUID(a.task_run)).state.is_final()
+
+
+def test_an_attempts_run_file_is_read_beneath_the_workspace_never_through_a_link(tmp_path):
+    """What reconcile kills and records comes from the run file: a link in its place (to a
+    file that names another process group) is read as no file at all."""
+    from labrun.attempt_records import AttemptRecords
+
+    ws = Workspace(tmp_path / "ws")
+    ws.attempts.mkdir(parents=True)
+    outside = tmp_path / "forged.json"
+    outside.write_text('{"pgid": 1, "started": 0}')
+    records = AttemptRecords(ws, store=None)
+    records.run_path(1).write_text('{"task_run": "t"}')
+    assert records.run(1) == {"task_run": "t"}
+    records.run_path(1).unlink()
+    records.run_path(1).symlink_to(outside)
+    assert records.run(1) == {}
