@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import typing
 from typing import Any, Callable
 
 from prefect import task
@@ -99,9 +100,7 @@ def execute(name: str, spec: TaskSpec) -> dict[str, Any]:
 
 def main() -> None:
     job = json.loads(sys.stdin.read())
-    task = _task(job["task"])
-    spec = task.fn.__annotations__["spec"]
-    spec_type = getattr(importlib.import_module(task.fn.__module__), spec) if isinstance(spec, str) else spec
+    spec_type = typing.get_type_hints(_task(job["task"]).fn)["spec"]
     record = run_here(job["task"], spec_type.model_validate(job["spec"]))
     print(json.dumps(record), flush=True)
 
