@@ -7,9 +7,13 @@ Prints one table, measured side by side in one run:
   attempts behind the claims, nothing recorded);
 - the resume of a finished session: a fresh flow run reading all six phases from the cache,
   and `labrun resume`'s no-op check;
-- one experiment attempt through `run_experiment` in an open session (RUNNING → Prefect
-  subtask → FAILED or SUCCESS in STATE.md; the session's first command, which starts its
-  egress proxy, is run before) against `subprocess.run` of the same command.
+- a flow run that does nothing: Prefect's own cost of starting and ending the session's one
+  flow run, paid once a session (Prefect 3.9 ends a flow run when its heartbeat thread, which
+  sleeps in steps of a second, has noticed: about a second), kept apart from the phases';
+- one experiment attempt through `run_experiment` in an open session, from a task of a flow
+  run as a phase calls it (RUNNING → Prefect subtask → FAILED or SUCCESS in STATE.md; the
+  session's first command, which starts its egress proxy, is run before) against
+  `subprocess.run` of the same command.
 
 Run: `python bench/overhead.py [--repeat N]` (uses a throwaway Prefect home).
 """
@@ -105,6 +109,12 @@ def plain_tool(ws: Path, name: str, inp: dict, measured: list[str]) -> str:
     return "ok"
 
 
+def empty_flow_run() -> None:
+    from prefect import flow
+
+    assert flow(name="nothing")(lambda: None)(return_state=True).is_completed()
+
+
 def engine_attempt(session, n: int | str) -> None:
     from labrun.phases.phase import toolbox
     from labrun.phase_registry import BY_KEY
@@ -130,6 +140,7 @@ def main() -> None:
         "full six-phase session": ([], []),
         "resume of a finished session (flow run, all cached)": ([], []),
         "resume of a finished session (`labrun resume` check)": ([], []),
+        "a flow run that does nothing (once a session)": ([], []),
         "one experiment attempt": ([], []),
     }
     for i in range(args.repeat):
@@ -143,12 +154,25 @@ def main() -> None:
 
     from labrun.session import Session
 
-    session = Session.open(ws)  # attempts run in an open session, as a phase's do
-    try:
+    for _ in range(args.repeat):
+        rows["a flow run that does nothing (once a session)"][0].append(timed(empty_flow_run))
+        rows["a flow run that does nothing (once a session)"][1].append(0.0)
+
+    from prefect import flow, task
+
+    session = Session.open(ws)  # attempts run in an open session, from a phase's task
+
+    @task
+    def attempts() -> list[float]:
         engine_attempt(session, "warm-up")  # a session's first command starts its egress proxy
-        for i in range(args.repeat):
-            rows["one experiment attempt"][0].append(timed(lambda: engine_attempt(session, i)))
-            rows["one experiment attempt"][1].append(timed(lambda: plain_attempt(ws)))
+        return [timed(lambda: engine_attempt(session, i)) for i in range(args.repeat)]
+
+    def session_flow() -> list[float]:
+        return attempts()
+
+    try:
+        rows["one experiment attempt"][0].extend(flow(name="attempts")(session_flow)())
+        rows["one experiment attempt"][1].extend(timed(lambda: plain_attempt(ws)) for _ in range(args.repeat))
     finally:
         session.close()
 
@@ -160,9 +184,11 @@ def main() -> None:
         table.add_row(name, f"{e:.3f}", f"{p:.3f}", f"{e - p:.3f}", f"{e / p:.1f}×" if p else "—")
     console.print(table)
     session_row, attempt_row = rows["full six-phase session"], rows["one experiment attempt"]
-    per_phase = (statistics.median(session_row[0]) - statistics.median(session_row[1])) / 6
+    flow_run = statistics.median(rows["a flow run that does nothing (once a session)"][0])
+    per_phase = (statistics.median(session_row[0]) - statistics.median(session_row[1]) - flow_run) / 6
     per_attempt = statistics.median(attempt_row[0]) - statistics.median(attempt_row[1])
-    console.print(f"Engine overhead: {per_phase * 1000:.0f} ms a phase, {per_attempt * 1000:.0f} ms an attempt.")
+    console.print(f"Engine overhead: {per_phase * 1000:.0f} ms a phase and {per_attempt * 1000:.0f} ms an attempt, "
+                  f"besides Prefect's {flow_run:.2f} s to start and end the session's flow run.")
     console.print("Plain Python does the same scripted work (same replies, same files, same commands) "
                   "without Prefect, the journal or STATE.md; a finished session has no plain-Python "
                   "equivalent of a resume, so its overhead is its whole time.")

@@ -34,6 +34,7 @@ from labrun.state import FlowRunRecord
 from labrun.status import nothing_to_do, session_status
 from labrun.windows import wait_out
 from labrun.phase_registry import phase_version
+from labrun.phases.execution import TaskSpec
 from labrun.phases.phase import manifest_digest, run_phase
 
 
@@ -144,8 +145,7 @@ def _run_phase(session: Session, number: int, key: str, upstream: list[str], ref
     store = session.store
     task = run_phase.with_options(result_storage=session.ws.results, refresh_cache=refresh)
     params = dict(
-        session_id=session.state.session_id,
-        workspace=str(session.ws.root),
+        spec=TaskSpec.of(session),
         phase_key=key,
         number=number,
         version=phase_version(key),

@@ -5,10 +5,10 @@ Each artifact has a fixed key per session (`labrun-<idea's title>-<session id>-s
 `-progress`, `-usage`), so the UI's Artifacts page keeps a version per run of the session
 (a resume, a retry from the UI); within a run that version is updated in place.
 
-Publishing is cheap for the engine: the StateStore listener only marks the artifacts
-stale; a background thread reads the session's files (state.json and STATE.md are written
-atomically, journals are append-only) and sends what changed, at most once per interval,
-and once more when the run ends. A server that does not answer never stops a session: the
+Publishing costs the engine nothing: a background thread follows state.json, whichever
+process saves it (the engine's, or its phase task's wherever that runs), reads the
+session's files (state.json and STATE.md are written atomically, journals are append-only)
+and sends what changed, at most once per interval, and once more when the run ends. A server that does not answer never stops a session: the
 artifacts just stop updating, with a warning in the log. Every string is redacted.
 """
 
@@ -24,7 +24,7 @@ from labrun.idea import slugify
 from labrun.secrets import redact
 from labrun.session import Session
 from labrun.settings import settings
-from labrun.state import SessionState, state_md_text
+from labrun.state import state_md_text
 from labrun.status import session_status
 
 log = logging.getLogger("labrun")
@@ -95,7 +95,6 @@ class SessionArtifacts:
         self.ids: dict[str, UUID] = {}
         self.sent: dict[str, Any] = {}
         self.publishes = 0
-        self._stale = threading.Event()
         self._stop = threading.Event()
         self._send_lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -107,13 +106,7 @@ class SessionArtifacts:
         save of the session's state."""
         publisher = cls(session, interval_s)
         publisher.start()
-        session.store.listeners.append(publisher)
         return publisher
-
-    # -- the StateStore listener: must cost next to nothing --------------------------------
-
-    def __call__(self, state: SessionState) -> None:
-        self._stale.set()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -130,10 +123,7 @@ class SessionArtifacts:
 
     def close(self) -> None:
         """Stop following the session, after sending its final state."""
-        if self in self.session.store.listeners:
-            self.session.store.listeners.remove(self)
         self._stop.set()
-        self._stale.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
             if self._thread.is_alive():
@@ -151,15 +141,14 @@ class SessionArtifacts:
     # -- publishing ------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        while not self._stop.is_set():
-            self._stale.wait()
-            if self._stop.is_set():
-                return
-            self._stale.clear()
+        sent = self.ws.state_identity()
+        while not self._stop.wait(self.interval_s):
+            if (now := self.ws.state_identity()) == sent:
+                continue
+            sent = now
             self.flush()
             if self._broken:
                 return
-            self._stop.wait(self.interval_s)
 
     def views(self) -> dict[str, Any]:
         report = session_status(self.ws.root)

@@ -5,6 +5,8 @@ and what they get) and `limits` (what it may spend)."""
 
 from __future__ import annotations
 
+import functools
+import os
 import shutil
 import uuid
 from pathlib import Path
@@ -45,10 +47,20 @@ class SessionMismatch(Exception):
     pass
 
 
+@functools.lru_cache(maxsize=8)
+def _idea_copy(path: str, identity: tuple[int, int, int]) -> Idea:
+    """A session's copy of its idea, parsed once per version of the file: every engine task
+    attaches to the session, and parsing YAML is the most of what attaching costs."""
+    return load_idea(path)
+
+
 class _Reading(StateStore):
     """The state as an engine task reads it: the engine that owns the session writes it."""
 
-    def save(self) -> None:
+    def _hold_file(self) -> None:
+        pass
+
+    def _commit(self) -> None:
         raise RuntimeError("an engine task reads the session's state; the engine records what it returns")
 
 
@@ -65,9 +77,6 @@ def changed_outputs(manifest: dict[str, Any], recorded: dict[str, str], root: Pa
 
 
 class Session:
-    _open: dict[str, "Session"] = {}
-    """The sessions whose workspace lock this process holds (a flock is a process's)."""
-
     def __init__(self, ws: Workspace, store: StateStore, idea: Idea, egress: str | None = None):
         self.ws = ws
         self.store = store
@@ -171,31 +180,34 @@ class Session:
         except BaseException:
             ws.unlock()
             raise
-        cls._open[str(ws.root)] = session
         return session
 
     @classmethod
-    def attach(cls, spec) -> "Session":
-        """The session as its workspace holds it, for an engine task (`labrun.phases.execution`)
-        in whatever process it runs: it reads the state and never writes it; the engine that
-        holds the workspace records what the task returns."""
+    def attach(cls, spec, writing: bool = False) -> "Session":
+        """The session as its workspace holds it, for a task of the engine's in whatever
+        process it runs (`labrun.phases.execution`). An engine task reads the state and never
+        writes it: the engine records what the task returns. The phase task (`writing`)
+        records into it as the agent's tools go, while the engine that gave its spec holds the
+        workspace (its lease)."""
         ws = Workspace(spec.workspace)
+        if writing and not ws.leased(spec.lease):
+            raise SessionMismatch(f"{ws.root}: the engine that started this task no longer holds the "
+                                  "workspace; run the session again to go on")
+        ws.lease = spec.lease if writing else None
         state, _ = load_state(ws)
         if state.session_id != spec.session_id:
             raise SessionMismatch(f"{ws.root} holds session {state.session_id}, not {spec.session_id}")
-        return cls(ws, _Reading(ws, state), load_idea(ws.idea_copy), spec.egress)
-
-    @classmethod
-    def held(cls, workspace: str) -> "Session":
-        """The session this process holds the lock of for `workspace`: the phase task runs in
-        the engine that holds it, since the agent's tools record into its state as they go
-        (the engine's own tasks need no such thing: `attach`)."""
-        return cls._open[str(Path(workspace).resolve())]
+        st = os.stat(ws.idea_copy)
+        idea = _idea_copy(str(ws.idea_copy), (st.st_ino, st.st_size, st.st_mtime_ns))
+        session = cls(ws, StateStore(ws, state) if writing else _Reading(ws, state), idea, spec.egress)
+        declare(session.confinement.key_names())  # redacted in this process too
+        if writing:
+            session.store.start_clock()
+        return session
 
     def close(self) -> None:
-        if self._open.get(str(self.ws.root)) is self:  # not an engine task's (`attach`)
-            del self._open[str(self.ws.root)]
         self.confinement.close()
+        self.store.close()
         self.ws.unlock()
 
     def _check_phases(self, wanted: tuple[str, ...] | None) -> None:

@@ -9,6 +9,7 @@ never writes either: its contributions arrive through `complete_phase` sections.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import re
@@ -17,7 +18,7 @@ import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal
+from typing import Any, Iterator, Literal
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from pydantic import AliasChoices, BaseModel, Field
@@ -479,14 +480,18 @@ each reply's usage is in the phase's journal the moment it arrives, so nothing i
 
 
 class StateStore:
-    """Owns a session's state: changes are made inside a `transaction`, saved once as it ends
-    (state.json whole, STATE.md when what it shows changed)."""
+    """A session's state: changes are made inside a `transaction`, saved once as it ends
+    (state.json whole, STATE.md when what it shows changed). Several stores may share a
+    session, in one process or several (the engine's, and its phase task's wherever it
+    runs): a transaction holds the state's file lock, and starts from what another store
+    saved since."""
 
     def __init__(self, ws: Workspace, state: SessionState):
         self.ws = ws
         self.state = state
-        self.listeners: list[Callable[[SessionState], None]] = []
         self._lock = threading.RLock()
+        self._file_lock: int | None = None
+        self._seen = ws.state_identity()
         self._depth = 0
         self._clock: tuple[float, float] | None = None
         self._saved_at = 0.0
@@ -512,13 +517,35 @@ class StateStore:
         when its body raised: what a failed change left half made is saved by the next).
         One thread at a time: the others wait for it to end."""
         with self._lock:
+            if self._depth == 0:
+                self._hold_file()
             self._depth += 1
             try:
                 yield self.state
+                if self._depth == 1:
+                    self._commit()
             finally:
                 self._depth -= 1
-            if self._depth == 0:
-                self._commit()
+                if self._depth == 0:
+                    self._release_file()
+
+    def _hold_file(self) -> None:
+        if self._file_lock is None:
+            self.ws.data.mkdir(parents=True, exist_ok=True)
+            self._file_lock = os.open(self.ws.state_lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._file_lock, fcntl.LOCK_EX)
+        if self.ws.state_identity() != self._seen:  # another store saved it since
+            self.state, _ = load_state(self.ws)
+            self._seen = self.ws.state_identity()
+
+    def _release_file(self) -> None:
+        if self._file_lock is not None:
+            fcntl.flock(self._file_lock, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        if self._file_lock is not None:
+            os.close(self._file_lock)
+            self._file_lock = None
 
     def save(self) -> None:
         """Save now, or when the transaction this is called in ends."""
@@ -531,31 +558,30 @@ class StateStore:
         with self._lock:
             if usd == self.state.agent_spent_usd:
                 return
-            self.state.agent_spent_usd = usd
             if self._depth == 0 and time.monotonic() - self._saved_at >= SPEND_SAVE_INTERVAL_S:
-                self._commit()
+                with self.transaction() as state:
+                    state.agent_spent_usd = usd
+            else:
+                self.state.agent_spent_usd = usd
 
     def _commit(self) -> None:
-        """The one place the state is written. A store shared by several processes would take
-        the file lock here (and, as the outermost transaction starts, reload what another
-        process saved); one process serializes its threads with `_lock`."""
+        """The one place the state is written, in the outermost transaction."""
         if self._clock is not None:
             self.state.elapsed_s = round(self._clock[0] + time.monotonic() - self._clock[1], 1)
         _keep_previous(self.ws.state_file)
         self.ws.write(self.ws.state_file, redact(self.state.model_dump_json(indent=2)))
+        self._seen = self.ws.state_identity()
         self._saved_at = time.monotonic()
         try:
             self._write_state_md(render_state_md(self.state, str(self.ws.root)))
         except OSError as e:  # an agent process racing the engine for its name: state.json holds it all
             self._state_md = None
             log.warning("STATE.md not rewritten this time (%s); the next change writes it again", e)
-        for listener in self.listeners:
-            listener(self.state)
 
     def _write_state_md(self, text: str) -> None:
         if self._state_md is not None and self._state_md == (text, self._stat_state_md()):
             return
-        self.ws.write(self.ws.state_md, text)
+        self.ws.write(self.ws.state_md, text, durable=False)  # rendered again from state.json
         self._state_md = (text, self._stat_state_md())
 
     def _stat_state_md(self) -> tuple[int, int, int]:

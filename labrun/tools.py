@@ -87,17 +87,20 @@ def tool_specs(phases: Iterable[str] | None = None) -> list[dict[str, Any]]:
     """The tool definitions sent to the model; part of every phase's version. `phases`: the
     session's, whose sections `complete_phase` takes (default: every registered phase's)."""
 
-    def custom(name: str, model: type[BaseModel]) -> dict[str, Any]:
-        schema = model.model_json_schema()
-        return {"name": name, "description": (TOOL_DOCS / f"{name}.md").read_text().strip(),
-                "input_schema": schema}
-
     return [
         {"type": "bash_20250124", "name": "bash"},
         {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"},
-        custom("run_experiment", RunExperimentInput),
-        custom("complete_phase", complete_phase_input(None if phases is None else tuple(phases))),
+        _custom_tool("run_experiment", RunExperimentInput),
+        _custom_tool("complete_phase", complete_phase_input(None if phases is None else tuple(phases))),
     ]
+
+
+@functools.cache
+def _custom_tool(name: str, model: type[BaseModel]) -> dict[str, Any]:
+    """Made once a process: pydantic builds a schema again at each call, and every phase's
+    turns ask for the tools. Read only: the model APIs' clients serialize it."""
+    return {"name": name, "description": (TOOL_DOCS / f"{name}.md").read_text().strip(),
+            "input_schema": model.model_json_schema()}
 
 
 @dataclass

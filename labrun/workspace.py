@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,8 @@ class Workspace:
         self.files = Beneath(self.root)
         self.data = self.root / DATA
         self.state_file = self.data / "state.json"
+        self.state_lock = self.data / "state.lock"
+        """Held while a `StateStore` reads, changes and writes the state (`transaction`)."""
         self.idea_copy = self.data / "idea.yaml"
         """The idea as the session started from it."""
         self.state_md = self.root / "STATE.md"
@@ -62,15 +65,19 @@ class Workspace:
         self.legacy_sealed = self.data / "sealed"
         """Where earlier versions kept the sealed scorer's log."""
         self._lock_fd: int | None = None
+        self.lease: str | None = None
+        """Given by `lock` to this holding of the workspace (`leased`)."""
 
-    def write(self, path: Path | str, text: str) -> None:
+    def write(self, path: Path | str, text: str, durable: bool = True) -> None:
         """Replace a file beneath the root whole (`Beneath.write`: readers see the old file or
-        the new one, and a link in the way is replaced or refused, never followed)."""
-        self.files.write(path, text, before_rename=lambda: crashpoint("atomic-write"))
+        the new one, and a link in the way is replaced or refused, never followed).
+        `durable=False` for what matters only while the machine stays up (a view rendered
+        again from records, a note on a running process): the process may die, not the disk."""
+        self.files.write(path, text, before_rename=lambda: crashpoint("atomic-write"), durable=durable)
 
-    def write_json(self, path: Path | str, data: Any) -> None:
+    def write_json(self, path: Path | str, data: Any, durable: bool = True) -> None:
         """Engine records (manifests, attempts' files): secrets redacted, keys included."""
-        self.write(path, json.dumps(redact_data(data), indent=2, sort_keys=True) + "\n")
+        self.write(path, json.dumps(redact_data(data), indent=2, sort_keys=True) + "\n", durable)
 
     def agent_home(self, backend: str) -> Path:
         """A coding CLI's home of its own, for a backend that keeps one in the workspace."""
@@ -91,6 +98,14 @@ class Workspace:
     def reserve(self) -> Path:
         return self.data / "reserve"
 
+    def state_identity(self) -> tuple[int, int, int] | None:
+        """Which save of the state is on disk: each replaces state.json (a new inode)."""
+        try:
+            st = os.stat(self.state_file)
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
     def has_session(self) -> bool:
         """A session was started here (its state is written before anything else runs)."""
         return self.state_file.is_file()
@@ -103,16 +118,34 @@ class Workspace:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "another process"
+            holder = (os.pread(fd, 64, 0).decode(errors="replace").split() or ["unknown"])[0]
             os.close(fd)
             raise WorkspaceBusy(
                 f"{self.root}: another labrun process (pid {holder}) is running this session; "
                 "wait for it to finish or stop it first"
             ) from None
+        self.lease = secrets.token_hex(8)
         os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        os.pwrite(fd, f"{os.getpid()} {self.lease}".encode(), 0)
         self._lock_fd = fd
         self._keep_reserve()
+
+    def leased(self, lease: str | None) -> bool:
+        """Whether the engine that holds the workspace now is the one that gave `lease`: a
+        phase task of that engine's, in whatever process, may record into the session's state
+        (under `StateStore.transaction`'s lock); one of an engine since gone may not."""
+        try:
+            fd = os.open(self.data / "lock", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return False  # nobody holds it
+            except BlockingIOError:
+                return lease is not None and os.pread(fd, 64, 0).decode(errors="replace").split()[1:] == [lease]
+        finally:
+            os.close(fd)
 
     # -- disk --------------------------------------------------------------------------------
 

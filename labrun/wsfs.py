@@ -254,11 +254,12 @@ class Beneath:
             raise
 
     def write(self, path: str | Path, data: bytes | str, mode: int = 0o644,
-              before_rename: Callable[[], None] | None = None) -> None:
+              before_rename: Callable[[], None] | None = None, durable: bool = True) -> None:
         """Replace `path` whole: readers see the old file or the new one. Made in the staging
         folder, then renamed into a parent opened beneath the root; a link at `path` is
         replaced, never followed. `before_rename`: called with the new file written whole
-        and not yet in place (a crash point's)."""
+        and not yet in place (a crash point's). `durable`: on disk (its data, then its folder)
+        before this returns, so that it outlives the machine and not only the process."""
         if isinstance(data, str):
             data = data.encode("utf-8")
         parts = self._rel(path)
@@ -273,7 +274,8 @@ class Beneath:
                     os.fchmod(f.fileno(), mode)
                     f.write(data)
                     f.flush()
-                    os.fsync(f.fileno())
+                    if durable:
+                        os.fsync(f.fileno())
                 parent = self.mkdirs("/".join(parts[:-1]))
                 if before_rename:
                     before_rename()
@@ -288,7 +290,8 @@ class Beneath:
                             os.fchmod(parent, stat.S_IMODE(os.fstat(parent).st_mode) | stat.S_IRWXU)
                         else:  # a folder the agent made at the engine's name: kept, beside
                             self.set_aside(path, "in-the-way")
-                os.fsync(parent)
+                if durable:
+                    os.fsync(parent)
             except BaseException:
                 try:
                     os.unlink(name, dir_fd=staging)

@@ -106,7 +106,7 @@ def _run(session: Session, n: int) -> dict:
     attempt = session.state.attempts[n - 1]
     run_file = session.records.run_path(n)
     noted = {"task_run": str(TaskRunContext.get().task_run.id)}
-    session.ws.write_json(run_file, noted)
+    session.ws.write_json(run_file, noted, durable=False)  # about this process, not the disk
     log = session.ws.root / attempt.log
     # Its metrics file and declared outputs, as it finds them: a deterministic run writes them
     # again byte for byte, which only their identity tells from a file it left alone.
@@ -116,7 +116,7 @@ def _run(session: Session, n: int) -> dict:
     def started(pgid: int) -> None:
         try:
             noted.update(pgid=pgid, started=psutil.Process(pgid).create_time())
-            session.ws.write_json(run_file, noted)
+            session.ws.write_json(run_file, noted, durable=False)
         except psutil.NoSuchProcess:
             pass  # ended already
         crashpoint("attempt")
@@ -151,7 +151,7 @@ def _run(session: Session, n: int) -> dict:
         echoed=echoed(measured, record, kept, session.ws.root),
         task_run=noted["task_run"],
     )).model_dump()
-    session.ws.write_json(run_file, {**noted, "ended": ended})  # recorded by a resume if the engine stops now
+    session.ws.write_json(run_file, {**noted, "ended": ended}, durable=False)  # recorded by a resume if the engine stops now
     return {**ended, "pid": os.getpid()}
 
 

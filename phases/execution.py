@@ -32,12 +32,15 @@ TASKS = {"attempt": "labrun.phases.attempts:experiment_attempt",
 
 
 class TaskSpec(BaseModel):
-    """What every engine task is given: the session, by its workspace and id, and the socket
-    of the engine's egress proxy when its commands have the network (a task on the engine's
-    machine uses it rather than starting a proxy of its own)."""
+    """What every task of a session's is given: the session, by its workspace and id; the
+    lease of the engine that holds the workspace (the phase task records under it:
+    `Workspace.leased`); and the socket of the engine's egress proxy when its commands have
+    the network (a task on the engine's machine uses it rather than starting a proxy of its
+    own)."""
 
     workspace: str
     session_id: str
+    lease: str | None = None
     egress: str | None = None
 
     @classmethod
@@ -46,7 +49,7 @@ class TaskSpec(BaseModel):
         confinement = session.confinement
         egress = confinement.egress_socket() if confinement.network_on else None
         return cls(workspace=str(session.ws.root), session_id=session.state.session_id,
-                   egress=str(egress) if egress else None, **what)
+                   lease=session.ws.lease, egress=str(egress) if egress else None, **what)
 
 
 def engine_task(name: str, run_name: str, key: str):

@@ -21,6 +21,7 @@ from labrun.session import Session
 from labrun.snapshot import workspace_files
 from labrun.phase_registry import BY_KEY, Phase
 from labrun.phases.attempts import start_attempt
+from labrun.phases.execution import TaskSpec
 from labrun.phases.report_header import stamp_report
 from labrun.phases.reproduction import reproduce
 from labrun.phases.sealed_scoring import score_sealed
@@ -63,7 +64,7 @@ def _cache_key(context, p: dict[str, Any]) -> str:
         return p["pinned_key"]
     branch = f"-b{p['branch']}" if p.get("branch", 1) > 1 else ""
     revised = f"-r{p['review_round']}" if p.get("review_round", 1) > 1 else ""
-    return f"labrun-{p['session_id']}-{p['phase_key']}-{p['version']}-{p['upstream']}{branch}{revised}"
+    return f"labrun-{p['spec'].session_id}-{p['phase_key']}-{p['version']}-{p['upstream']}{branch}{revised}"
 
 
 @task(
@@ -72,16 +73,26 @@ def _cache_key(context, p: dict[str, Any]) -> str:
     cache_key_fn=_cache_key,
     persist_result=True,
 )
-def run_phase(session_id: str, workspace: str, phase_key: str, number: int, version: str,
+def run_phase(spec: TaskSpec, phase_key: str, number: int, version: str,
               upstream: str, refresh: bool = False, branch: int = 1,
               pinned_key: str | None = None, review_round: int = 1) -> dict[str, Any]:
-    """`refresh`: the phase must run again (its outputs, or an upstream phase's, changed).
-    `branch`, `pinned_key` and `review_round`: see `_cache_key`."""
-    session = Session.held(workspace)
+    """`spec`: the session, under the lease of the engine that holds its workspace (the agent's
+    tools record into its state as they go). `refresh`: the phase must run again (its outputs,
+    or an upstream phase's, changed). `branch`, `pinned_key` and `review_round`: see
+    `_cache_key`."""
+    session = Session.attach(spec, writing=True)
+    try:
+        return _run(session, spec, phase_key, number, version, upstream, refresh, branch, pinned_key, review_round)
+    finally:
+        session.close()
+
+
+def _run(session: Session, spec: TaskSpec, phase_key: str, number: int, version: str, upstream: str,
+         refresh: bool, branch: int, pinned_key: str | None, review_round: int) -> dict[str, Any]:
     session.ws.check_disk()
     phase = BY_KEY[phase_key]
     phase_dir = session.ws.phase_dir(phase_key)
-    key = _cache_key(None, {"session_id": session_id, "phase_key": phase_key, "version": version,
+    key = _cache_key(None, {"spec": spec, "phase_key": phase_key, "version": version,
                             "upstream": upstream, "branch": branch, "pinned_key": pinned_key,
                             "review_round": review_round})
     order = list(session.state.phases)

@@ -64,3 +64,45 @@ def test_an_attempts_run_file_is_read_beneath_the_workspace_never_through_a_link
     records.run_path(1).unlink()
     records.run_path(1).symlink_to(outside)
     assert records.run(1) == {}
+
+
+PHASE_TASK = """
+import sys
+from labrun.phases.execution import TaskSpec
+from labrun.session import Session
+
+session = Session.attach(TaskSpec.model_validate_json(sys.argv[1]), writing=True)
+session.store.log("recorded by the phase task")
+session.close()
+"""
+
+
+def test_a_phase_task_records_from_another_process_under_the_engines_lease(tmp_path):
+    """The phase task's session is rebuilt from its spec wherever it runs: it records into the
+    state while the engine that gave the spec holds the workspace, and the engine's next change
+    starts from what it recorded; the spec of an engine since gone is refused."""
+    import subprocess
+    import sys
+
+    from labrun.phases.execution import TaskSpec
+    from labrun.session import Session
+
+    def phase_task(spec: TaskSpec) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", PHASE_TASK, spec.model_dump_json()],
+                              capture_output=True, text=True, timeout=120)
+
+    engine = Session.open(tmp_path / "ws", DEMO_IDEA, "scripted")
+    spec = TaskSpec(workspace=str(engine.ws.root), session_id=engine.state.session_id, lease=engine.ws.lease)
+    try:
+        done = phase_task(spec)
+        assert done.returncode == 0, done.stderr
+        engine.store.log("the engine's own change")  # from the state the phase task saved
+        worklog = "\n".join(load_state(engine.ws)[0].worklog)
+        assert "recorded by the phase task" in worklog and "the engine's own change" in worklog
+        forged = phase_task(spec.model_copy(update={"lease": "0" * 16}))
+        assert forged.returncode != 0 and "no longer holds the workspace" in forged.stderr
+    finally:
+        engine.close()
+    late = phase_task(spec)
+    assert late.returncode != 0 and "no longer holds the workspace" in late.stderr
+    assert "recorded by the phase task" in "\n".join(load_state(Workspace(tmp_path / "ws"))[0].worklog)
