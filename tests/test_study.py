@@ -109,6 +109,11 @@ def test_check_and_a_new_run_say_what_the_session_may_cost_and_take(tmp_path):
     idea.write_text(DEMO_IDEA.read_text().replace("    budget: 0\n", "    budget: 0\n    agent_budget: 7.5\n"))
     checked = labrun("check", str(idea))
     assert "model cost: at most about $7.50, the agent's budget" in " ".join(checked.stdout.split()), checked.stdout
+    # a new run says it first, before anything else can stop it (here: no key for the agent)
+    keyless = {k: "" for k in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")}
+    started = labrun("run", str(idea), "--workspace", str(tmp_path / "ws"), "--budget-usd", "3", env=keyless)
+    assert started.stdout.startswith("model cost: at most about $3.00, the agent's budget"), started.stdout
+    assert "time: the idea's limit of 10 min" in started.stdout and started.returncode == 2, started.stderr
 
 
 def test_the_demos_plot_has_axes_ticks_labels_and_a_legend(sessions):
