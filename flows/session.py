@@ -69,9 +69,10 @@ class SessionStopped(Exception):
 
 @flow(name="research-session", flow_run_name=_run_name, log_prints=True, persist_result=False)
 @flow_parameters()
-def research_session(**params: Any) -> dict[str, Any]:
+def research_session(**params: Any) -> State:
     """A research session: a new one from `idea_path` in `workspace`, or the one there resumed
-    (a retry of a run continues the branch it started)."""
+    (a retry of a run continues the branch it started). The run's result is a dict (complete,
+    awaiting_review, stopped_by_review); its state's message says how the session came out."""
     run = RunParams(**params)
     workspace, from_phase = run.workspace, run.from_phase
     if not workspace:
@@ -81,7 +82,7 @@ def research_session(**params: Any) -> dict[str, Any]:
             "Scheduling a session)")
     if not from_phase and (reason := nothing_to_do(Path(workspace), run.idea_path)):
         get_run_logger().info("%s: %s; nothing to do", workspace, reason)
-        return {"complete": True}
+        return _ended(Path(workspace), {"complete": True}, f"nothing to do: {reason}")
     rerunning = bool(from_phase)  # the branch gets agent and model; the earlier one keeps its own
     if rerunning:
         check_rerun_start(Path(workspace), from_phase)  # before anything is written
@@ -98,7 +99,7 @@ def research_session(**params: Any) -> dict[str, Any]:
     try:
         _record_flow_run(session)
         _crash_left_attempts(session)
-        return run_session(session)
+        return _ended(session.ws.root, run_session(session))
     except KeyboardInterrupt as e:  # labrun.interrupts.Interrupted names the signal
         _record_interruption(session, str(e) or "Ctrl-C (SIGINT)")
         raise
@@ -108,6 +109,22 @@ def research_session(**params: Any) -> dict[str, Any]:
     finally:
         artifacts.close()
         session.close()
+
+
+def _ended(root: Path, result: dict[str, Any], head: str | None = None) -> State:
+    """The run's Completed state, its message the session's verdict (`labrun.verdicts`), so the
+    UI's list of runs says how each came out."""
+    from prefect.states import Completed
+
+    if head is None:
+        head = ("session complete" if result.get("complete") else
+                f"awaits review of phase {result['awaiting_review']}" if result.get("awaiting_review") else
+                f"stopped by its reviewer after phase {result.get('stopped_by_review')}")
+    try:
+        verdict = session_status(root)["verdict"]["line"]
+    except Exception as e:  # the verdict is a view: never worth failing a finished run
+        verdict = f"no verdict ({type(e).__name__}: {e})"
+    return Completed(message=f"{head}; {verdict}", data=result)
 
 
 def run_session(session: Session) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """What the Prefect UI shows of a session: STATE.md, the attempts, the progress across its
-phases, and tokens and cost, as artifacts of the session's flow run.
+phases, tokens and cost, and its verdict, as artifacts of the session's flow run.
 
 Each artifact has a fixed key per session (`labrun-<idea's title>-<session id>-state`, `-attempts`,
-`-progress`, `-usage`), so the UI's Artifacts page keeps a version per run of the session
+`-progress`, `-usage`, `-verdict`), so the UI's Artifacts page keeps a version per run of the session
 (a resume, a retry from the UI); within a run that version is updated in place.
 
 Publishing costs the engine nothing: a background thread follows state.json, whichever
@@ -75,6 +75,28 @@ def usage_table(report: dict[str, Any]) -> dict[str, list[Any]]:
         for column, value in zip(USAGE_COLUMNS, values):
             table[column].append(_cell(value))
     return table
+
+
+def _md(text: Any) -> str:
+    """Text in one cell of a Markdown table, redacted."""
+    return " ".join(redact("—" if text is None else str(text)).split()).replace("|", "\\|")
+
+
+def verdict_markdown(report: dict[str, Any]) -> str:
+    """The session's verdict (`labrun.verdicts`): its line, each criterion's verdict and each
+    claim's standing."""
+    v = report["verdict"]
+    so_far = "" if report["session"]["complete"] else " so far"
+    lines = [f"**Verdict{so_far}:** {_md(v['line'])}", ""]
+    if v["verdicts"]:
+        lines += ["| criterion | verdict | decided by | basis |", "|---|---|---|---|"]
+        lines += [f"| {c['id']}: {_md(c['text'])} | **{c['verdict']}** | {_md(c['by'])} | {_md(c['basis'])} |"
+                  for c in v["verdicts"]]
+    if v["claims"]:
+        lines += ["", "| claim | value in the record | standing |", "|---|---|---|"]
+        lines += [f"| {_md(c['id'])}: {_md(c['statement'])} | {_md(c['metric'])} = {_md(c['value'])} "
+                  f"| {_md(c['standing'])} |" for c in v["claims"]]
+    return "\n".join(lines) + "\n"
 
 
 def progress(report: dict[str, Any]) -> float:
@@ -157,6 +179,7 @@ class SessionArtifacts:
             "attempts": attempts_table(report),
             "progress": progress(report),
             "usage": usage_table(report),
+            "verdict": verdict_markdown(report),
         }
 
     def _create(self) -> None:
@@ -174,6 +197,7 @@ class SessionArtifacts:
             "progress": (create_progress_artifact, f"Phases done, of {len(self.session.phases)}: session {sid}"),
             "attempts": (create_table_artifact, f"Experiment attempts of session {sid}"),
             "usage": (create_table_artifact, f"Tokens and cost per phase of session {sid}"),
+            "verdict": (create_markdown_artifact, f"Criteria met and results reproduced: session {sid}: {title}"),
         }
         with self._send_lock:
             for kind, (create, description) in made.items():
@@ -195,6 +219,7 @@ class SessionArtifacts:
             "progress": lambda v: ProgressArtifact(progress=v).format(),
             "attempts": lambda v: TableArtifact(table=v).format(),
             "usage": lambda v: TableArtifact(table=v).format(),
+            "verdict": lambda v: MarkdownArtifact(markdown=v).format(),
         }
         with self._send_lock, get_client(sync_client=True) as client:
             for kind, value in changed.items():

@@ -13,6 +13,7 @@ from labrun.limits import total_usage
 from labrun.session import changed_outputs
 from labrun.state import SessionState, load_state, session_clock
 from labrun.usage import Usage
+from labrun.verdicts import Outcome, outcome
 from labrun.workspace import Workspace
 
 
@@ -56,11 +57,19 @@ def session_status(root: Path) -> dict[str, Any]:
         ],
         "sealed_evaluation": state.sealed.model_dump(exclude={"digests"}) if state.sealed else None,
         "plan": plan_summary(state.plan, state.live_attempts(), ws.root),
+        "verdict": session_outcome(ws, state).as_dict(),
         "usage": total.model_dump(),
         "notes": [note] if note else [],
         "branches": summaries(ws, state, total),
         "reviews": [r.model_dump(exclude={"pause_key"}) for r in state.reviews],
     }
+
+
+def session_outcome(ws: Workspace, state: SessionState) -> Outcome:
+    """The session's verdict so far (`labrun.verdicts`)."""
+    from labrun.idea import load_idea
+
+    return outcome(ws, state, load_idea(ws.idea_copy))
 
 
 def _review(review) -> dict[str, Any] | None:

@@ -19,15 +19,14 @@ from typing import Any
 
 from labrun import latex, paper
 from labrun.crashpoints import crashpoint
-from labrun.claims import Standing, Verdict, standing, verdict, number
-from labrun.evidence import ENGINE_BLOCK, is_source
+from labrun import verdicts
+from labrun.claims import Standing, Verdict, number
+from labrun.evidence import ENGINE_BLOCK
 from labrun.prose_numbers import Record, stated, unrecorded
 from labrun.session import Session
-from labrun.snapshot import entry_digest
-from labrun.phases.reproduction import reproduction_lines, settings
+from labrun.phases.reproduction import reproduction_lines
 from labrun.phases.sealed_scoring import sealed_line
 
-DEFAULT_SEALED_TOLERANCE = 0.05
 MAX_METRICS = 64
 """An attempt with more numbers than this adds to the record only those a claim cites."""
 CONVENTIONS = (1.96, 2.576, 1.645, 0.05, 0.01, 0.001)
@@ -37,42 +36,13 @@ MAX_LISTED = 40
 
 
 def sealed_scores(session: Session) -> dict[str, Any]:
-    sealed = session.state.sealed
-    return dict(sealed.score.scores) if sealed and sealed.score and sealed.score.status == "SCORED" else {}
+    return verdicts.sealed_scores(session.state)
 
 
 def results(session: Session) -> tuple[list[Standing], list[Verdict]]:
-    """Each claim's standing and each criterion's verdict, from the records as they are now."""
-    plan, attempts = session.state.plan, {a.n: a for a in session.state.live_attempts()}
-    scores = sealed_scores(session)
-    sealed = session.idea.sealed_evaluation
-    tolerance = sealed.tolerance if sealed and sealed.tolerance is not None else DEFAULT_SEALED_TOLERANCE
-    behind = {n for c in plan.claims for n in (*c.attempts, *c.baseline_attempts)}
-    files = {n: session.records.files(n) or {} for n in behind}
-    changed = {n: code_changed(session, files[n]) for n in behind}
-    # the sealed score judges the claims on what it scored: those whose attempts wrote the artifact,
-    # by the metric's name, or, on a criterion the idea says it decides, whatever their name
-    made = {n for n in behind if sealed and sealed.artifact in (files[n].get("wrote") or ())}
-    bound = {}
-    for cid in (sealed.criteria or ()) if sealed and scores else ():
-        check = plan.check(cid)
-        score = scores.get(check.metric) if check else None
-        bound[cid] = score if score is not None else next(iter(scores.values())) if len(scores) == 1 else None
-
-    def judged_by(claim) -> dict:
-        if not made & set(claim.attempts):
-            return {}
-        return {claim.metric: bound[claim.criterion]} if bound.get(claim.criterion) is not None else scores
-
-    standings = [standing(c, attempts, judged_by(c), tolerance, settings(session)[1], changed) for c in plan.claims]
-    return standings, [verdict(c, plan.check(c.id), standings, bound.get(c.id)) for c in plan.criteria]
-
-
-def code_changed(session: Session, record: dict) -> list[str]:
-    """The source files an attempt started from (`record`: its files) that the workspace no
-    longer holds as they were."""
-    return [rel for rel, digest in (record.get("before") or {}).items()
-            if is_source(rel) and entry_digest(session.ws.root, rel) != digest]
+    """Each claim's standing and each criterion's verdict (`labrun.verdicts`, which every
+    other view of the session's verdict reads too)."""
+    return verdicts.results(session.ws, session.state, session.idea)
 
 
 def cell(text: Any) -> str:

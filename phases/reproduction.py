@@ -57,19 +57,15 @@ from labrun.snapshot import CACHE_MARKER, ENVIRONMENT_MARKERS, ENVIRONMENT_NAMES
 from labrun.state import Attempt, Reproduction
 from labrun.tools import parse_metrics
 from labrun.wsfs import Beneath, Refused
+from labrun.verdicts import reproduce_settings
 from labrun.workspace import write_json
 
-DEFAULT_MINUTES = 60.0
 GROUP = "group.json"
-DEFAULT_TOLERANCE = 1e-3
 
 
 def settings(session: Session) -> tuple[float, float]:
     """(minutes, relative tolerance) for this session's reproduction."""
-    c = session.idea.constraints
-    minutes = c.reproduce_minutes if c and c.reproduce_minutes is not None else DEFAULT_MINUTES
-    tolerance = c.reproduce_tolerance if c and c.reproduce_tolerance is not None else DEFAULT_TOLERANCE
-    return minutes, tolerance
+    return reproduce_settings(session.idea)
 
 
 def backing_attempts(session: Session) -> list[Attempt]:

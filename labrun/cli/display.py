@@ -12,9 +12,11 @@ import logging
 import re
 import time
 from pathlib import Path
+from typing import Callable
 
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 
 from labrun.cli.common import labrun_command, styled
 
@@ -76,7 +78,8 @@ class SessionDisplay(logging.Handler):
 
 
 def summary(workspace: str) -> str:
-    """The closing lines of a run: the phases, attempts, time, tokens, cost and what to read."""
+    """The closing lines of a run: the phases, attempts, time, tokens, cost, the verdict
+    (`labrun.verdicts`) and what to read."""
     from labrun.status import session_status
 
     report = session_status(Path(workspace))
@@ -91,6 +94,7 @@ def summary(workspace: str) -> str:
     lines = [f"[bold]Session {head}[/bold] · phases {done} of {len(report['phases'])} done · "
              f"attempts {len(attempts)} ({failed} failed) · {minutes:.1f} min · {tokens:,} tokens · "
              f"${usage['cost_usd']:.4f}"]
+    lines.append(f"Verdict{'' if s['complete'] else ' so far'}: {escape(report['verdict']['line'])}")
     if s["complete"]:
         lines.append(f"Read {escape(workspace)}/REPORT.md; `{labrun_command()} status {escape(workspace)}` "
                      "shows the phases and attempts.")
@@ -103,3 +107,27 @@ def summary(workspace: str) -> str:
     elif stop := s.get("stopped_by_review"):
         lines.append(f"{escape(stop['reviewer'] or 'The reviewer')} stopped the session after phase {stop['phase']}.")
     return "\n".join(lines)
+
+
+def fitted_table(headers: tuple[str, ...], rows: list[tuple[str, ...]], width: int, flexible: tuple[int, ...],
+                 styles: dict[int, Callable[[str], str]] | None = None) -> Table:
+    """A table of one line per row in `width` columns: the columns not in `flexible` keep their
+    text's width, the `flexible` ones share what is left and are cut with an ellipsis (rich
+    alone wraps them into a tall column of words, or squeezes every column). `rows` hold
+    plain text; `styles` maps a column to a function giving a cell's markup."""
+    natural = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    fixed = sum(n for i, n in enumerate(natural) if i not in flexible)
+    left = max(width - 3 * len(headers) - 1 - fixed, 8 * len(flexible))  # 3: a border and padding each
+    widths: dict[int, int] = {}
+    for k, i in enumerate(flexible):  # each takes what it needs, up to an even share of what is left
+        share = left // (len(flexible) - k)
+        later = sum(natural[j] for j in flexible[k + 1:])
+        widths[i] = max(min(natural[i], max(share, left - later)), len(headers[i]), 1)
+        left -= widths[i]
+    table = Table()
+    for i, header in enumerate(headers):
+        table.add_column(header, no_wrap=True, overflow="ellipsis", width=widths.get(i))
+    style = styles or {}
+    for row in rows:
+        table.add_row(*(style[i](cell) if i in style else escape(cell) for i, cell in enumerate(row)))
+    return table

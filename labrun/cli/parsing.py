@@ -53,7 +53,7 @@ class _Help(argparse.RawDescriptionHelpFormatter):
 
 
 def parser() -> argparse.ArgumentParser:
-    from labrun.cli import branches, reading, review, running, serving
+    from labrun.cli import branches, reading, review, running, serving, study
     from labrun.cli.examples import cmd_examples
 
     p = argparse.ArgumentParser(prog="labrun", description="Durable autonomous research sessions on Prefect.",
@@ -111,6 +111,20 @@ def parser() -> argparse.ArgumentParser:
 
     state = command("state", "print STATE.md", reading.cmd_state)
     state.add_argument("workspace", help="the session's folder")
+
+    results = command("results", "a table of the sessions under a folder: state, criteria met, reproduced, "
+                      "cost, key results", study.cmd_results)
+    results.add_argument("folder", help="the folder of the sessions' workspaces (`labrun queue --workspaces`)")
+    machine = results.add_mutually_exclusive_group()
+    machine.add_argument("--json", action="store_true", help="one JSON list instead of a table")
+    machine.add_argument("--csv", action="store_true", help="CSV, one line per session, instead of a table")
+
+    export = command("export", "bundle a session's study (code, results, figures, report, STATE.md, "
+                     "environment file, idea) as a .tar.gz to share", study.cmd_export)
+    export.add_argument("workspace", help="the session's folder")
+    export.add_argument("--to", default=None, metavar="FILE.tar.gz",
+                        help="the bundle to write, never overwritten (default: the workspace's name "
+                        "with .tar.gz, in this folder)")
 
     check = command("check", "validate an idea file: exit 0, or 2 with the reasons", reading.cmd_check)
     check.add_argument("idea", help="the idea file")

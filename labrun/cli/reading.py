@@ -37,6 +37,12 @@ def cmd_check(args) -> int:
     console.print(f"{args.idea}: valid · {idea.title} · domain {idea.domain} "
                   f"(guidance: {guidance_domain(idea.guidance_domain)}) · experiments' budget {budget} "
                   f"· agent's budget {agent_budget}{extra}", markup=False)
+    from labrun.cli.common import DEFAULT_AGENT
+    from labrun.estimate import estimate_lines
+
+    console.print(f"before it runs, for the {DEFAULT_AGENT} agent (the default):", markup=False)
+    for line in estimate_lines(idea, DEFAULT_AGENT):
+        console.print(f"  {line}", markup=False)
     console.print("prompt layers of each phase: its own instructions, the general guidance, the domain's")
     for number, key in enumerate(phase_list(idea.with_phases), 1):
         layout = layers(key, idea.guidance_domain)
@@ -81,6 +87,8 @@ def print_status(report: dict) -> None:
     console.print(f"agent {s['agent']}" + (f" · model {s['model']}" if s["model"] else "")
                   + f" · {'complete' if s['complete'] else 'not complete'}"
                   + (_branch_line(branch) if branch and len(report["branches"]) > 1 else ""))
+    if verdict := report.get("verdict"):  # an archived branch's status from before verdicts has none
+        console.print(f"verdict{'' if s['complete'] else ' so far'}: {verdict['line']}", markup=False)
     phases = Table("#", "phase", "status", "runs", "tokens", "cost")
     for i, p in enumerate(report["phases"], 1):
         u = p["usage"]
@@ -92,13 +100,8 @@ def print_status(report: dict) -> None:
             console.print(f"phase {p['key']}: finished with an older prompt (its templates were reworded "
                           "since; it stays finished)")
     if report["attempts"]:
-        attempts = Table("attempt", "phase", "run", "status", "command", "error / fix")
-        for a in report["attempts"]:
-            note = a["error"] or (f"fix: {a['fix_applied']}" if a["fix_applied"] else "")
-            attempts.add_row(str(a["n"]), a["phase"], a["run_id"] or "", styled(a["status"]), escape(a["command"]),
-                             escape(note))
-        console.print(attempts)
-    print_plan(report["plan"])
+        console.print(attempts_table(report["attempts"], console.width))
+    print_plan(report["plan"], report.get("verdict"))
     u = report["usage"]
     console.print(f"usage: {u['input_tokens']:,} in · {u['output_tokens']:,} out · "
                   f"{u['cache_read_input_tokens']:,} cache read · {u['cache_creation_input_tokens']:,} "
@@ -110,6 +113,20 @@ def print_status(report: dict) -> None:
         console.print(f"awaiting review: phase {review['phase']} since {review['requested_at']}; it wrote "
                       f"{escape(', '.join(review['outputs'][:8]) or 'no files')}", highlight=False)
     console.print(f"next: {s['next_action']}")
+
+
+def attempts_table(attempts: list[dict], width: int) -> Table:
+    """One line per attempt, fitting `width`: the command and the error share what the other
+    columns leave, cut with an ellipsis (`status --json` and `labrun state` give them whole)."""
+    from labrun.cli.display import fitted_table
+
+    rows = []
+    for a in attempts:
+        note = a["error"] or (f"fix: {a['fix_applied']}" if a["fix_applied"] else "")
+        rows.append((str(a["n"]), a["phase"], a["run_id"] or "", a["status"],
+                     " ".join(a["command"].split()), " ".join(note.split())))
+    return fitted_table(("#", "phase", "run", "status", "command", "error / fix"), rows, width, (4, 5),
+                        {3: styled})
 
 
 def _branch_line(b: dict) -> str:
@@ -124,8 +141,9 @@ def clock_text(clock: dict) -> str:
     return render_clock(clock)
 
 
-def print_plan(plan: dict) -> None:
-    """The run list with its coverage, and the verdicts on the idea's evaluation criteria."""
+def print_plan(plan: dict, verdict: dict | None) -> None:
+    """The run list with its coverage, and the verdicts on the idea's evaluation criteria (the
+    engine's, `verdict`; the agent's own where a status from before them holds none)."""
     if plan["runs"]:
         c = plan["coverage"]
         runs = Table("run", "purpose", "seeds", "criteria", "coverage",
@@ -140,9 +158,15 @@ def print_plan(plan: dict) -> None:
             runs.add_row(*map(escape, (r["id"], r["purpose"], ", ".join(map(str, r["seeds"])) or "—",
                                        ", ".join(r["criteria"]) or "—", shown)))
         console.print(runs)
-    for criterion in plan["criteria"]:
-        verdict = f"{criterion['status']}: {criterion['note']}" if criterion["status"] else "not judged yet"
-        console.print(f"  {criterion['id']} {criterion['text']} — {verdict}", markup=False)
+    if verdict is not None:
+        for v in verdict["verdicts"]:
+            by = f" ({v['by']})" if v["verdict"] != "not judged" else ""
+            console.print(f"  {v['id']} {v['text']} — {v['verdict']}{by}" + (f": {v['basis']}" if v["basis"] else ""),
+                          markup=False)
+    else:
+        for criterion in plan["criteria"]:
+            said = f"{criterion['status']}: {criterion['note']}" if criterion["status"] else "not judged yet"
+            console.print(f"  {criterion['id']} {criterion['text']} — {said}", markup=False)
     for output in plan["outputs"]:
         shown = "present" if output["exists"] else (f"deviation: {output['deviation']}" if output["deviation"] else "missing")
         console.print(f"  analysis output {output['path']}: {shown}", markup=False)

@@ -25,7 +25,13 @@ def cmd_review(args) -> int:
     if review is None:
         raise CliError(f"{args.workspace}: no phase awaits review (next action: {state.next_action(args.workspace)})")
     if decision is None:
-        console.print(description(state, root, review), markup=False, highlight=False)
+        text = description(state, root, review)
+        if console.is_terminal:  # rendered for a person; a pipe gets the Markdown itself
+            from rich.markdown import Markdown
+
+            console.print(Markdown(text))
+        else:
+            console.print(text, markup=False, highlight=False)
         command = f"{labrun_command()} review {args.workspace}"
         console.print(f"\n{command} --approve [--comment TEXT]\n{command} --revise TEXT\n{command} --stop")
         return 0

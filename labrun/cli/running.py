@@ -71,11 +71,26 @@ def cmd_run(args) -> int:
     agent = args.agent or (DEFAULT_AGENT if stored is None else None)  # a resumed one keeps its own
     with_phases = tuple(phase_options(args.with_phases, args.paper_style, idea.with_phases))
     reviewed = review_after(args, stored.phases if stored else phase_list([*with_phases, *idea.with_phases]))
+    if stored is None:
+        _estimate(idea, agent, args, with_phases)
     return run_session(Run(idea_path=args.idea, workspace=args.workspace, agent=agent, model=args.model,
                            budget_usd=args.budget_usd, max_turns=args.max_turns, verbose=args.verbose,
                            with_phases=list(with_phases), paper_style=args.paper_style, network=args.network,
                            pass_env=list(keys), review_after=reviewed,
                            start_again=f"{labrun_command()} run {args.idea} --workspace {args.workspace}"))
+
+
+def _estimate(idea, agent: str, args, with_phases: tuple[str, ...]) -> None:
+    """What the new session may cost and take (`labrun.estimate`), in its first lines."""
+    from labrun.agents.registry import AgentUnavailable
+    from labrun.estimate import estimate_lines
+
+    try:
+        lines = estimate_lines(idea, agent, args.model, args.budget_usd, with_phases, args.max_turns)
+    except AgentUnavailable:
+        return  # said in one line when the agent is checked
+    for line in lines:
+        console.print(line, markup=False)
 
 
 def cmd_resume(args) -> int:
