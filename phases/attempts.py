@@ -15,6 +15,7 @@ import stat
 
 import psutil
 from prefect.context import TaskRunContext
+from prefect.states import Failed, State
 
 from labrun.commands import run_command
 from labrun.crashpoints import crashpoint
@@ -92,14 +93,17 @@ class AttemptSpec(TaskSpec):
 
 
 @engine_task("attempt", "attempt {spec.n}", "labrun-{spec.session_id}-attempt-{spec.n}")
-def experiment_attempt(spec: AttemptSpec) -> dict:
+def experiment_attempt(spec: AttemptSpec) -> dict | State:
     """Run attempt n's command and judge it, from the workspace alone (`labrun.phases.execution`):
     what it notes as it runs goes to its run file, and its record is returned."""
     session = Session.attach(spec)
     try:
-        return _run(session, spec.n)
+        record = _run(session, spec.n)
     finally:
         session.close()
+    if record["status"] == "FAILED":  # the UI shows the task run failed; the engine records it all the same
+        return Failed(message=f"attempt {spec.n} FAILED: {record['error']}", data=record)
+    return record
 
 
 def _run(session: Session, n: int) -> dict:

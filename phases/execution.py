@@ -71,7 +71,10 @@ def run_here(name: str, spec: TaskSpec) -> dict[str, Any]:
 
     # Committed at once: a finished task's record survives a crash of the phase around it.
     with transaction(commit_mode=CommitMode.EAGER):
-        return _task(name).with_options(result_storage=Workspace(spec.workspace).results)(spec)
+        state = _task(name).with_options(result_storage=Workspace(spec.workspace).results)(spec, return_state=True)
+    if state.is_failed() and isinstance(record := state.result(raise_on_failure=False), dict):
+        return record  # a Failed state of the task's own, holding what it judged (a FAILED attempt)
+    return state.result()
 
 
 def run_in_process(name: str, spec: TaskSpec) -> dict[str, Any]:
