@@ -28,7 +28,7 @@ from labrun.keys import unset, unset_line
 from labrun.model import UsageWindowSpent
 from labrun.flows.review import gate
 from labrun.review import review_round
-from labrun.run_params import RunParams, flow_parameters
+from labrun.run_params import RunParams, flow_parameters, session_run_name
 from labrun.session import Session
 from labrun.state import FlowRunRecord
 from labrun.status import nothing_to_do, session_status
@@ -56,10 +56,11 @@ if _labrun_log.level == logging.NOTSET:
 
 def _run_name() -> str:
     """Every run of a session, however started, is named after its workspace, as `labrun
-    queue` names them (`<idea>-<hash>`), so that the UI lists a session's runs together."""
+    queue` names them, so that the UI lists a session's runs together."""
     from prefect.runtime import flow_run
 
-    return Path(flow_run.parameters.get("workspace") or "research-session").name
+    workspace = flow_run.parameters.get("workspace")
+    return session_run_name(workspace) if workspace else "research-session"
 
 
 class SessionStopped(Exception):

@@ -53,9 +53,15 @@ def test_in_a_pipe_the_lines_are_plain_and_commands_are_printed_as_they_can_be_t
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    run_id = json.loads((ws / ".labrun/state.json").read_text())["last_run"]["id"]
-    with get_client(sync_client=True) as client:
-        assert client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))[0].name == "ws"
+    # Another session in a folder of the same name gets another name.
+    other = tmp_path / "elsewhere" / "ws"
+    assert labrun("demo", str(other)).returncode == 0
+    names = []
+    for folder in (ws, other):
+        run_id = json.loads((folder / ".labrun/state.json").read_text())["last_run"]["id"]
+        with get_client(sync_client=True) as client:
+            names.append(client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))[0].name)
+    assert names[0].startswith("ws-") and names[1].startswith("ws-") and names[0] != names[1], names
 
     # Run by its path, with no labrun on PATH (the README's venv quick start): the hint is that path.
     script = Path(sys.executable).parent / "labrun"

@@ -17,7 +17,7 @@ from labrun.agents.registry import DEMO_AGENT
 from labrun.cli.common import DEFAULT_AGENT, CliError, console, err, labrun_command, phase_options
 from labrun.cli.display import SessionDisplay, summary
 from labrun.resources import EXAMPLES
-from labrun.run_params import RunParams
+from labrun.run_params import RunParams, session_run_name
 
 DEMO_IDEA = EXAMPLES / "demo_noise_averaging.yaml"
 EXIT_AWAITS_REVIEW = 3
@@ -91,7 +91,7 @@ def cmd_resume(args) -> int:
     last = stored.last_run
     if last is not None and last.deployment_id:
         console.print(f"[yellow]note:[/yellow] this session's last run was the deployment run {last.name} "
-                      f"({last.id}); this resume runs here as a new flow run, also named {root.resolve().name}, "
+                      f"({last.id}); this resume runs here as a new flow run, also named {session_run_name(root)}, "
                       f"and that one keeps its state in the UI (retry it there instead to resume it on a worker)")
     return run_session(Run(workspace=args.workspace, model=args.model, budget_usd=args.budget_usd,
                            max_turns=args.max_turns, verbose=args.verbose, network=args.network,
