@@ -25,6 +25,7 @@ from labrun.agents.backends import require_priced
 from labrun.artifacts import SessionArtifacts
 from labrun.branches import check_rerun_start, finish_rerun, rerun
 from labrun.keys import unset, unset_line
+from labrun.machine import compute_warnings
 from labrun.model import UsageWindowSpent
 from labrun.flows.review import gate
 from labrun.review import review_round
@@ -115,6 +116,9 @@ def run_session(session: Session) -> dict[str, Any]:
     store.log(f"session run started (agent {session.state.agent})")
     # A deployment run comes here without the command line's checks.
     require_priced(session.state.agent, session.state.model, session.state.budget_usd)
+    if FlowRunContext.get().flow_run.deployment_id:  # `labrun run` said these before it started
+        for warning in session.idea.warnings + compute_warnings(session.idea):
+            logging.getLogger("labrun").warning("idea: %s", warning)
     if missing := unset_line(unset(session.confinement.experiment_keys())):
         logging.getLogger("labrun").warning("%s", missing)
     upstream: list[str] = []

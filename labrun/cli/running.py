@@ -13,6 +13,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from rich.markup import escape
+
 from labrun.agents.registry import DEMO_AGENT
 from labrun.cli.common import DEFAULT_AGENT, CliError, console, err, labrun_command, phase_options
 from labrun.cli.display import SessionDisplay, summary
@@ -44,8 +46,10 @@ def cmd_run(args) -> int:
         idea = load_idea(args.idea)
     except IdeaError as e:
         raise CliError(str(e)) from None
-    for warning in idea.warnings:
-        err.print(f"[yellow]warning:[/yellow] {args.idea}: {warning}")
+    from labrun.machine import compute_warnings
+
+    for warning in idea.warnings + compute_warnings(idea):
+        err.print(f"[yellow]warning:[/yellow] {args.idea}: {escape(warning)}")
     keys = passed_keys(args)
     root = Path(args.workspace)
     check_workspace(root)
