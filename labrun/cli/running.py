@@ -275,6 +275,8 @@ def _run_flow(run: Run, research_session) -> int:
     except Exception as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         _print_summary(run.workspace, err)
+        if "`labrun resume " in first:  # the reason names the resume that helps (a budget, a turn limit)
+            raise CliError(f"session stopped: {first.replace('`labrun ', f'`{labrun_command()} ')}", code=1) from None
         raise CliError(f"session stopped: {first}\nresume with: {labrun_command()} resume {run.workspace}",
                        code=1) from None
     _print_summary(run.workspace, console)
