@@ -24,7 +24,19 @@ from labrun.serving import SESSION_DEPLOYMENT
 from labrun.serving.submit import collect_ideas, flow_run_url, submit_session, workspace_for
 
 
-@flow(name="experiment-queue", log_prints=True, persist_result=False)
+class NoIdeasFolder(Exception):
+    """The queue's `folder` is not a folder on the worker: its run fails, so that a
+    misconfigured schedule shows red in the UI instead of green and idle."""
+
+
+def _run_name() -> str:
+    """`ideas from <folder>`: what a run of the queue looked at, not a random pair of words."""
+    from prefect.runtime import flow_run
+
+    return f"ideas from {flow_run.parameters.get('folder')}"
+
+
+@flow(name="experiment-queue", flow_run_name=_run_name, log_prints=True, persist_result=False)
 @flow_parameters(before={
     "folder": (str, inspect.Parameter.empty, "The folder of idea files, a path on the worker (a relative one: from its "
                "working directory, the clone)."),
@@ -38,8 +50,8 @@ def experiment_queue(folder: str, workspaces: str, deployment: str = SESSION_DEP
     began = datetime.now(timezone.utc)
     source = Path(folder).resolve()
     if not source.is_dir():
-        log.warning("%s: no such folder; nothing to queue", source)
-        return []
+        raise NoIdeasFolder(f"folder {source}: {'not a folder' if source.exists() else 'no such folder'} on this "
+                            "worker; set the deployment's `folder` parameter to the folder of idea files")
     root = Path(workspaces).resolve()
     submitted: list[dict[str, Any]] = []
     for path in collect_ideas([str(source)]):

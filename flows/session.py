@@ -25,10 +25,11 @@ from labrun.agents.backends import require_priced
 from labrun.artifacts import SessionArtifacts
 from labrun.branches import check_rerun_start, finish_rerun, rerun
 from labrun.keys import unset, unset_line
+from labrun.machine import compute_warnings
 from labrun.model import UsageWindowSpent
 from labrun.flows.review import gate
 from labrun.review import review_round
-from labrun.run_params import RunParams, flow_parameters
+from labrun.run_params import RunParams, flow_parameters, session_run_name
 from labrun.session import Session
 from labrun.state import FlowRunRecord
 from labrun.status import nothing_to_do, session_status
@@ -57,10 +58,11 @@ if _labrun_log.level == logging.NOTSET:
 
 def _run_name() -> str:
     """Every run of a session, however started, is named after its workspace, as `labrun
-    queue` names them (`<idea>-<hash>`), so that the UI lists a session's runs together."""
+    queue` names them, so that the UI lists a session's runs together."""
     from prefect.runtime import flow_run
 
-    return Path(flow_run.parameters.get("workspace") or "research-session").name
+    workspace = flow_run.parameters.get("workspace")
+    return session_run_name(workspace) if workspace else "research-session"
 
 
 class SessionStopped(Exception):
@@ -132,6 +134,9 @@ def run_session(session: Session) -> dict[str, Any]:
     store.log(f"session run started (agent {session.state.agent})")
     # A deployment run comes here without the command line's checks.
     require_priced(session.state.agent, session.state.model, session.state.budget_usd)
+    if FlowRunContext.get().flow_run.deployment_id:  # `labrun run` said these before it started
+        for warning in session.idea.warnings + compute_warnings(session.idea):
+            logging.getLogger("labrun").warning("idea: %s", warning)
     if missing := unset_line(unset(session.confinement.experiment_keys())):
         logging.getLogger("labrun").warning("%s", missing)
     upstream: list[str] = []

@@ -7,8 +7,9 @@ every start of the session flow) finishes what it left:
 
 1. archive: the replaced phases' journals and the files they produced, their attempt logs,
    the key outputs, and STATE.md, the state and the status as they stood, are linked or
-   copied into `branches/.new-<n>/`, renamed `branches/<n>/` once whole. Before that rename
-   nothing has happened; after it the new branch is decided (`branch.json` says what it is).
+   copied into `branches/.new-<n>/` (with a digest of every file the branch ended with, each
+   file's copy kept by digest in the workspace's shared store), renamed `branches/<n>/` once
+   whole. Before that rename nothing has happened; after it the new branch is decided (`branch.json` says what it is).
 2. record: the new branch goes into the state: the replaced phases pending with their
    sections removed, the kept phases' cache keys pinned (`Branch.pinned`).
 3. clear: the replaced phases' journals and the files they created leave the workspace,
@@ -34,7 +35,7 @@ from labrun.journal import Conversation, phase_usage
 from labrun.phase_registry import BY_KEY
 from labrun.limits import total_usage
 from labrun.session import Session, changed_outputs
-from labrun.snapshot import workspace_files
+from labrun.snapshot import keep_copies, workspace_files
 from labrun.state import Attempt, Branch, PhaseRecord, SessionState, StateStore, now
 from labrun.tools import parse_metrics
 from labrun.usage import Usage
@@ -174,6 +175,10 @@ def archive(session: Session, branch: Branch, status: Callable[[Path], dict[str,
     for a in state.attempts:
         if a.phase in replaced and a.log and (ws.root / a.log).is_file():
             _link(ws.root / a.log, tmp / "attempts" / Path(a.log).name)
+    # Every file the branch ended with, by digest (a copy of each in the shared store, where
+    # one costs nothing once kept): a later branch may change a file this one's replaced
+    # phases never touched, and `labrun diff` reads this branch's version there.
+    keep_copies(ws.root, now_files, ws.kept)
     _keep(ws, "STATE.md", tmp / "STATE.md")  # the engine's file, but in the agent's folder
     shutil.copy2(ws.state_file, tmp / "state.json")
     ws.write_json(tmp / "status.json", status(ws.root))
@@ -182,6 +187,7 @@ def archive(session: Session, branch: Branch, status: Callable[[Path], dict[str,
         "n": state.branch, "agent": state.agent, "model": state.model,
         "replaced": replaced, "created": created, "edited": edited, "adopted": adopted,
         "sections": sections, "archived_usage": moved.model_dump(), "next": branch.model_dump(),
+        "files": now_files,
     })
     os.replace(tmp, final)
     _fsync_dir(final.parent)
@@ -323,20 +329,22 @@ def no_branch(root: Path, state: SessionState, n: int) -> str:
     return f"{root}: there is no branch {n}; this session has {have} (`labrun branches {root}`)"
 
 
-def _view(ws: Workspace, state: SessionState, n: int) -> tuple[Path, list[Attempt], set[str]]:
-    """Where branch n's files are, its attempts as it saw them, and the files it produced."""
+def _view(ws: Workspace, state: SessionState, n: int) -> tuple[Path, list[Attempt], set[str], dict[str, str]]:
+    """Where branch n's files are, its attempts as it saw them, the files it produced, and
+    (for an archived branch) the digest of every file it ended with."""
     if n == state.branch:
         start = list(state.phases).index(all_branches(state)[-1].from_phase)
         produced = set()
         for key in list(state.phases)[start:]:
             manifest = ws.manifest(key)
             produced |= set(manifest["files"]) if manifest else set()
-        return ws.root, state.attempts, produced
+        return ws.root, state.attempts, produced, {}
     record = archived(ws, n)
     if record is None or not 1 <= n < state.branch:
         raise BranchError(no_branch(ws.root, state, n))
     then = SessionState.model_validate_json((archive_dir(ws, n) / "state.json").read_text())
-    return archive_dir(ws, n) / "files", then.attempts, set(record["created"]) | set(record["edited"])
+    return (archive_dir(ws, n) / "files", then.attempts, set(record["created"]) | set(record["edited"]),
+            record.get("files", {}))
 
 
 def diff(root: Path, a: int, b: int) -> dict[str, Any]:
@@ -345,23 +353,34 @@ def diff(root: Path, a: int, b: int) -> dict[str, Any]:
     state = StateStore.load(ws).state
     views = {n: _view(ws, state, n) for n in (a, b)}
     metric_files: list[str] = []
-    for _, attempts, _ in views.values():
+    for _, attempts, _, _ in views.values():
         for att in attempts:
             if att.status == "SUCCESS" and att.metrics_file and att.metrics_file not in metric_files:
                 metric_files.append(att.metrics_file)
     # The current branch is the agent's workspace, and an archive holds the agent's files:
     # both are read through the file API, which follows no link the agent left.
     trees = {n: Beneath(views[n][0]) for n in (a, b)}
+    kept = Beneath(ws.kept) if ws.kept.is_dir() else None
+
+    def read(n: int, rel: str) -> bytes | None:
+        """Branch n's file: its own, or (one its replaced phases never touched) the copy kept
+        by the digest it had when the branch ended."""
+        found = _read(trees[n], rel)
+        digest = views[n][3].get(rel)
+        if found is None and digest and kept is not None:
+            found = _read(kept, digest)
+        return found
+
     metrics = []
     for f in metric_files:
-        values = {n: _metrics(trees[n], f) for n in (a, b)}
+        values = {n: _metrics(read(n, f)) for n in (a, b)}
         for name in dict.fromkeys([*values[a], *values[b]]):
             metrics.append({"file": f, "metric": name, "a": values[a].get(name), "b": values[b].get(name)})
     handed = {f for k in state.phases for f in BY_KEY[k].hands_on}
     paths = sorted((views[a][2] | views[b][2] | handed) - set(metric_files))
     files = []
     for f in paths:
-        there = {n: _read(trees[n], f) for n in (a, b)}
+        there = {n: read(n, f) for n in (a, b)}
         if there[a] is None and there[b] is None:
             continue
         if there[a] is None or there[b] is None:
@@ -381,10 +400,10 @@ def _read(files: Beneath, rel: str) -> bytes | None:
         return None
 
 
-def _metrics(files: Beneath, rel: str) -> dict[str, Any]:
+def _metrics(data: bytes | None) -> dict[str, Any]:
     try:
-        return parse_metrics(files.read_text(rel))
-    except (OSError, ValueError):
+        return parse_metrics(data.decode()) if data is not None else {}
+    except ValueError:  # UnicodeDecodeError too
         return {}
 
 

@@ -278,6 +278,7 @@ class Metadata(_Section):
     # idea asks for (labrun's `--with`).
     with_phases: Annotated[list[str], BeforeValidator(_phase_names)] | None = None
     paper_style: str | None = None  # NeuriCo's own key ("ams" in its mathematics ideas)
+    notes: str | None = None  # NeuriCo's own key, in most of its ideas: free text for the agent
     review_after: Annotated[list[str], BeforeValidator(_review_names)] | None = None
     """labrun's: the phases a person reviews once they complete (`--review-after`)."""
 
@@ -539,6 +540,25 @@ def _warnings(idea: Idea, doc: dict[str, Any], root: yaml.Node) -> list[str]:
                 f"unknown top-level key {str(key)!r} ignored: idea fields go under 'idea:'"
             )
     found += _duplicate_keys(root, [])
+    found += [text for _, text in sorted(_unknown_keys(idea, ("idea",), root))]
+    return found
+
+
+def _unknown_keys(section: BaseModel, loc: tuple[Any, ...], root: yaml.Node) -> list[tuple[int, str]]:
+    """(line, warning) for each key the schema does not name. Such a key is kept for the
+    agent, but is most often a misspelt one (`constraint:`) whose setting would silently do
+    nothing: say which, and the known key it is near."""
+    found = []
+    known = list(type(section).model_fields)
+    for key in section.model_extra or {}:
+        field, line = _locate(root, (*loc, key), missing=False)
+        found.append((line, f"line {line}: unknown key {field!r}{suggest.hint(str(key), known)}: "
+                            "kept for the agent, unused by labrun"))
+    for name in known:
+        value = getattr(section, name)
+        for i, item in enumerate(value) if isinstance(value, list) else [(None, value)]:
+            if isinstance(item, BaseModel):
+                found += _unknown_keys(item, (*loc, name) if i is None else (*loc, name, i), root)
     return found
 
 

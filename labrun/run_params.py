@@ -5,7 +5,10 @@ opens the session with it."""
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+import os
+from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -62,6 +65,14 @@ class RunParams(BaseModel):
     def parameters(self) -> dict[str, Any]:
         """The flow run's parameters: only what was given, so that a resume keeps the rest."""
         return self.model_dump(include=set(RunParams.model_fields), exclude_none=True)
+
+
+def session_run_name(workspace: str | os.PathLike[str]) -> str:
+    """The name of every flow run of the session in `workspace`: the folder's name, and a
+    short digest of its whole path, so that two workspaces of one name (one idea queued
+    under two roots) never share a name."""
+    path = Path(workspace).resolve()
+    return f"{path.name}-{hashlib.sha256(str(path).encode()).hexdigest()[:6]}"
 
 
 def flow_parameters(*, before: dict[str, tuple[Any, Any, str]] | None = None, only: tuple[str, ...] | None = None):

@@ -8,6 +8,7 @@ journal holds the agent's view of it, STATE.md the researcher's.
 from __future__ import annotations
 
 import errno
+import logging
 import math
 import os
 import re
@@ -24,7 +25,7 @@ from labrun.phases.execution import TaskSpec, engine_task, execute
 from labrun.settings import settings
 from labrun.session import Session
 from labrun.snapshot import changed, keep_copies, workspace_files
-from labrun.state import Attempt
+from labrun.state import Attempt, duration
 from labrun.tools import RunExperimentInput, ToolError, parse_metrics
 from labrun.wsfs import Refused
 
@@ -173,7 +174,13 @@ def judge(session: Session, attempt: Attempt, result) -> tuple[str, str | None, 
     """FAILED on a non-zero exit, a traceback, a missing declared output or a NaN metric."""
     root = session.ws.root
     errors: list[str] = []
-    if result.timed_out or result.too_much_output:
+    if result.timed_out:
+        limit = duration(session.limits.time_limit_s)
+        errors.append(f"stopped after the idea's time_limit of {limit}, which bounds each attempt")
+        logging.getLogger("labrun").warning(
+            "attempt %d ran past the idea's time_limit of %s and was stopped; raise constraints.time_limit "
+            "if a run needs longer", attempt.n, limit)
+    elif result.too_much_output:
         errors.append(result.output.rsplit("\n", 1)[-1].strip("[]"))
     elif result.exit_code != 0:
         errors.append(f"exit code {result.exit_code}")

@@ -115,14 +115,15 @@ def answered(api: FakeMessagesAPI) -> list[tuple[str, int]]:
 
 
 def assert_one_line_stop(result, *needles: str, ws: Path) -> None:
-    """Stopped with a non-zero exit, one line saying why, one saying how to resume."""
+    """Stopped with a non-zero exit, one line saying why, and how to resume said once."""
     assert result.returncode not in (0, None), result.stderr
     assert "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("labrun:")]
     assert len(lines) == 1, result.stderr
     for needle in needles:
         assert needle in lines[0], (needle, result.stderr)
-    assert f"resume with: labrun resume {ws}" in result.stderr
+    closing = result.stderr[result.stderr.index(lines[0]):]  # the event log above may say it too
+    assert closing.count(f"labrun resume {ws}") == 1, closing
 
 
 def kill(proc) -> None:

@@ -272,3 +272,16 @@ def test_bad_rerun_requests_get_one_line_each(ws):
     one_line_error(labrun("branches", str(ws / "nowhere")), "no labrun session here")
     assert not (ws / ".labrun/branches").exists()
     assert status(ws)["session"]["branch"] == 1
+
+
+def test_diff_reads_what_an_earlier_branch_had_from_phases_it_kept(ws):
+    """Branch 1 ran every phase; branch 2 reran from analysis (branch 1's archive keeps the
+    analysis's and documentation's files); branch 3 reran from experiments. What experiments
+    made in branch 1 was there too: `labrun diff 1 3` compares it, not "only in branch 3"."""
+    assert rerun_flow(ws, "analysis", note="the analysis again").is_completed()
+    assert rerun_flow(ws, "experiments", note="the experiments again").is_completed()
+
+    result = labrun("diff", str(ws), "1", "3", "--json")
+    assert result.returncode == 0, result.stderr
+    files = {f["path"]: f["status"] for f in json.loads(result.stdout)["files"]}
+    assert files and not [p for p, s in files.items() if s.startswith("only in")], files

@@ -115,7 +115,8 @@ def test_experiments_report_their_spending_and_the_clock_runs_across_resumes(tmp
     assert first >= 1.2
     text = current_state(ws)
     assert "The runs' spending: $1.75 reported by 2 attempts (metric `cost_usd`), of the idea's budget of $50.00" in text
-    assert re.search(r"^Time: \d+ s of the session's 10 min time limit used \(9 min left\)$", text, re.M), text
+    assert re.search(r"^Time: \d+ s so far; each experiment attempt may run 10 min \(the idea's time_limit\)$",
+                     text, re.M), text
     assert "Attempts so far: 3 (3 succeeded, 0 failed)" in text
     digest = prompts.digest(s.state, s.limits.clock())
     assert "**Clock** (when this phase started):\n- Time: " in digest
@@ -140,9 +141,23 @@ def test_experiments_report_their_spending_and_the_clock_runs_across_resumes(tmp
     assert "The runs' spending: $1.75 reported by 2 attempts" in shown
 
 
-def test_over_the_time_limit_the_clock_says_so(tmp_path, idea):
+def test_the_time_limit_bounds_each_attempt_and_a_run_past_it_is_stopped_with_a_warning(
+        tmp_path, idea, prefect_api, caplog, monkeypatch):
+    from labrun.limits import Limits
+
     s = opened(tmp_path / "ws", idea)
-    s.state.elapsed_s = 700
+    s.state.elapsed_s = 700  # a session may run longer than its attempts' limit
     text = prompts.digest(s.state, s.limits.clock())
-    assert "- Time: 11 min of the session's 10 min time limit used: 1 min over it" in text
+    assert "- Time: 11 min so far; each experiment attempt may run 10 min (the idea's time_limit)" in text
+    assert ("Time limit: 600 s (about 0.2 h) for each experiment run: `run_experiment` stops an attempt that "
+            "runs longer") in prompts.phase_system_prompt(s, "planning")
+    # 1 s, under the schema's least (60 s), to be quick; the attempt's task reads it from the
+    # idea's copy in the workspace, through Limits (this process: LABRUN_TASKS_IN=here).
+    monkeypatch.setattr(Limits, "time_limit_s", property(lambda self: 1))
+    began = time.monotonic()
+    result = toolbox(s, BY_KEY["experiments"]).call("run_experiment", {"command": "sleep 30", "purpose": "slow"})
+    assert time.monotonic() - began < 20
+    assert "Attempt 1: FAILED" in result.content
+    assert "stopped after the idea's time_limit of 1 s, which bounds each attempt" in result.content
+    assert "attempt 1 ran past the idea's time_limit of 1 s and was stopped" in caplog.text
     s.close()

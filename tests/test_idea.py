@@ -82,7 +82,7 @@ def test_neurico_strays_from_its_schema_and_is_accepted():
     cot = load_idea(NEURICO_IDEAS / "ai_chain_of_thought_evaluation.yaml")
     assert cot.budget_usd == 50.0  # written "$50", on which NeuriCo itself crashes
     assert cot.constraints.time_limit == 7200
-    assert "Important considerations" in cot.metadata.model_extra["notes"]
+    assert "Important considerations" in cot.metadata.notes
 
     agent = load_idea(NEURICO_IDEAS / "ai_agent_tool_use.yaml")
     assert agent.budget_usd == 150.0
@@ -296,6 +296,80 @@ def test_misplaced_and_duplicate_keys_warn(tmp_path: Path):
         "unknown top-level key 'constraints' ignored: idea fields go under 'idea:'",
         "line 5: duplicate key 'idea.domain': only the last one is used",
     ]
+
+
+MISSPELT = GOOD + """\
+  hypotesis: "the same, misspelt, beside the right one"
+  constraint:
+    network: false
+  evaluation_criterion: ["C1 holds"]
+  metadata:
+    reveiw_after: [planning]
+"""
+
+
+def test_misspelt_keys_warn_naming_the_likely_key(tmp_path: Path):
+    idea = load_idea(write(tmp_path, MISSPELT))
+    assert idea.constraints.network is None  # what the misspelt key meant did not happen
+    assert idea.warnings == [
+        "line 5: unknown key 'idea.hypotesis' (did you mean 'hypothesis'?): kept for the agent, unused by labrun",
+        "line 6: unknown key 'idea.constraint' (did you mean 'constraints'?): kept for the agent, unused by labrun",
+        "line 8: unknown key 'idea.evaluation_criterion' (did you mean 'evaluation_criteria'?): kept for the "
+        "agent, unused by labrun",
+        "line 10: unknown key 'idea.metadata.reveiw_after' (did you mean 'review_after'?): kept for the agent, "
+        "unused by labrun",
+    ]
+
+
+def test_check_warns_of_unknown_keys_and_strict_refuses_them(tmp_path: Path):
+    from support import labrun
+
+    path = write(tmp_path, MISSPELT)
+    checked = labrun("check", str(path), timeout=60)
+    assert checked.returncode == 0, checked.stderr
+    assert "unknown key 'idea.constraint' (did you mean 'constraints'?)" in checked.stderr
+    strict = labrun("check", str(path), "--strict", timeout=60)
+    assert strict.returncode == 2, strict.stderr
+    assert f"{path}: not valid with --strict: 4 warning(s) about the file" in strict.stderr
+    assert labrun("check", str(write(tmp_path, GOOD, "good.yaml")), "--strict", timeout=60).returncode == 0
+    # A run says them too, before anything starts (here it stops at once: its workspace is a file).
+    afile = tmp_path / "a-file"
+    afile.write_text("")
+    ran = labrun("run", str(path), "--workspace", str(afile), "--agent", "scripted", timeout=60)
+    assert "unknown key 'idea.metadata.reveiw_after' (did you mean 'review_after'?)" in ran.stderr, ran.stderr
+
+
+def test_gpu_asked_for_on_a_machine_without_one_warns(tmp_path: Path):
+    from labrun.machine import compute_warnings
+
+    devices = tmp_path / "dev"
+    devices.mkdir()
+    (devices / "nvidiactl").touch()  # the driver's control node is no GPU
+    idea = load_idea(write(tmp_path, GOOD + "  constraints:\n    compute: gpu_required\n"))
+    assert compute_warnings(idea, devices) == [
+        "constraints.compute: gpu_required, but this machine has no GPUs; the experiments will run on what is here"]
+    (devices / "nvidia0").touch()
+    assert compute_warnings(idea, devices) == []
+    multi = load_idea(write(tmp_path, GOOD + "  constraints:\n    compute: multi_gpu\n", "multi.yaml"))
+    assert compute_warnings(multi, devices) == [
+        "constraints.compute: multi_gpu, but this machine has 1 GPU; the experiments will run on what is here"]
+    assert compute_warnings(load_idea(write(tmp_path, GOOD, "any.yaml")), tmp_path / "none") == []
+
+
+def test_check_and_run_warn_of_a_gpu_this_machine_lacks(tmp_path: Path):
+    from labrun.machine import gpu_count
+    from support import labrun
+
+    if gpu_count():
+        pytest.skip("this machine has a GPU: there is nothing to warn of")
+    path = write(tmp_path, GOOD + "  constraints:\n    compute: gpu_required\n")
+    checked = labrun("check", str(path), timeout=60)
+    assert checked.returncode == 0 and "this machine has no GPUs" in checked.stderr, checked.stderr
+    assert labrun("check", str(path), "--strict", timeout=60).returncode == 0  # the machine's, not the file's
+    afile = tmp_path / "a-file"
+    afile.write_text("")
+    ran = labrun("run", str(path), "--workspace", str(afile), "--agent", "scripted", timeout=60)
+    assert "this machine has no GPUs" in ran.stderr, ran.stderr
 
 
 def test_extra_keys_are_kept(tmp_path: Path):

@@ -53,9 +53,15 @@ def test_in_a_pipe_the_lines_are_plain_and_commands_are_printed_as_they_can_be_t
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    run_id = json.loads((ws / ".labrun/state.json").read_text())["last_run"]["id"]
-    with get_client(sync_client=True) as client:
-        assert client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))[0].name == "ws"
+    # Another session in a folder of the same name gets another name.
+    other = tmp_path / "elsewhere" / "ws"
+    assert labrun("demo", str(other)).returncode == 0
+    names = []
+    for folder in (ws, other):
+        run_id = json.loads((folder / ".labrun/state.json").read_text())["last_run"]["id"]
+        with get_client(sync_client=True) as client:
+            names.append(client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))[0].name)
+    assert names[0].startswith("ws-") and names[1].startswith("ws-") and names[0] != names[1], names
 
     # Run by its path, with no labrun on PATH (the README's venv quick start): the hint is that path.
     script = Path(sys.executable).parent / "labrun"
@@ -120,3 +126,20 @@ def test_labrun_examples_copies_the_bundled_ideas_and_keeps_a_changed_one(tmp_pa
     again = labrun("examples", str(folder))
     assert again.returncode == 0 and "not overwritten" in again.stderr
     assert (folder / DEMO_IDEA.name).read_text() == "changed by the user\n"
+
+
+def test_no_telemetry_notice_at_a_terminal_in_a_new_prefect_home(tmp_path):
+    """Prefect's client prints a telemetry notice on its first import at a terminal in a new
+    PREFECT_HOME unless told there is no telemetry (DO_NOT_TRACK); labrun tells it, so the
+    notice never shows (`labrun queue` imports Prefect and stops: no server answers)."""
+    from labrun.prefect_processes import free_port
+    from prefect._internal.analytics.ci_detection import CI_ENV_VARS
+    from prefect._internal.analytics.notice import NOTICE_TEXT
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in CI_ENV_VARS and k != "DO_NOT_TRACK" and not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(tmp_path / "new-home"), PREFECT_API_URL=f"http://127.0.0.1:{free_port()}/api")
+    term = Terminal("queue", str(DEMO_IDEA), env=env)
+    assert term.wait(60) == 2, term.output
+    assert "does not answer" in term.output, term.output
+    assert NOTICE_TEXT.strip().splitlines()[0] not in term.output, term.output

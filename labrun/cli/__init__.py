@@ -21,8 +21,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     # A locked SQLite server answers 503 for a while; clients wait it out.
     os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", str(CLIENT_MAX_RETRIES))
-    # Whatever server this starts (a run's API, `labrun server`) sends no telemetry, and says none.
+    # Whatever server this starts (a run's API, `labrun server`) sends no telemetry, and says none;
+    # nor does Prefect's client, here and in what this starts (DO_NOT_TRACK is its switch: without
+    # it, the first `import prefect` at a terminal in a new PREFECT_HOME prints a notice).
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
     try:
         settings()  # a LABRUN_* value that does not parse stops the command before it does anything
         return args.handler(args)

@@ -128,6 +128,8 @@ def parser() -> argparse.ArgumentParser:
 
     check = command("check", "validate an idea file: exit 0, or 2 with the reasons", reading.cmd_check)
     check.add_argument("idea", help="the idea file")
+    check.add_argument("--strict", action="store_true",
+                       help="the file's warnings (an unknown or duplicate key, an unknown domain) are errors: exit 2")
 
     examples = command("examples", "copy the bundled example ideas to a folder", cmd_examples)
     examples.add_argument("folder", nargs="?", default=".", help="where to copy them (made if missing)")

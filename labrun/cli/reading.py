@@ -15,6 +15,7 @@ from labrun.cli.common import CliError, console, err, labrun_command, styled
 def cmd_check(args) -> int:
     from labrun.idea import IdeaError, load_idea
     from labrun.keys import check_warnings
+    from labrun.machine import compute_warnings
     from labrun.phase_registry import phase_list
     from labrun.prompts import guidance_domain, layers
 
@@ -27,8 +28,11 @@ def cmd_check(args) -> int:
         for problem in e.problems:
             err.print(problem)
         return 2
-    for warning in idea.warnings + check_warnings(idea):
+    for warning in idea.warnings + check_warnings(idea) + compute_warnings(idea):
         err.print(f"[yellow]warning:[/yellow] {args.idea}: {escape(warning)}")
+    if args.strict and idea.warnings:  # the file's own problems, not this machine's or environment's
+        err.print(f"{args.idea}: not valid with --strict: {len(idea.warnings)} warning(s) about the file")
+        return 2
     budget = f"${idea.budget_usd:g}" if idea.budget_usd is not None else "none"
     agent_budget = f"${idea.agent_budget_usd:g}" if idea.agent_budget_usd is not None else "none (--budget-usd sets one)"
     extra = f" · with {', '.join(idea.with_phases)}" if idea.with_phases else ""

@@ -13,11 +13,13 @@ import os
 import tempfile
 from pathlib import Path
 
+from rich.markup import escape
+
 from labrun.agents.registry import DEMO_AGENT
 from labrun.cli.common import DEFAULT_AGENT, CliError, console, err, labrun_command, phase_options
 from labrun.cli.display import SessionDisplay, summary
 from labrun.resources import EXAMPLES
-from labrun.run_params import RunParams
+from labrun.run_params import RunParams, session_run_name
 
 DEMO_IDEA = EXAMPLES / "demo_noise_averaging.yaml"
 EXIT_AWAITS_REVIEW = 3
@@ -44,8 +46,10 @@ def cmd_run(args) -> int:
         idea = load_idea(args.idea)
     except IdeaError as e:
         raise CliError(str(e)) from None
-    for warning in idea.warnings:
-        err.print(f"[yellow]warning:[/yellow] {args.idea}: {warning}")
+    from labrun.machine import compute_warnings
+
+    for warning in idea.warnings + compute_warnings(idea):
+        err.print(f"[yellow]warning:[/yellow] {args.idea}: {escape(warning)}")
     keys = passed_keys(args)
     root = Path(args.workspace)
     check_workspace(root)
@@ -106,7 +110,7 @@ def cmd_resume(args) -> int:
     last = stored.last_run
     if last is not None and last.deployment_id:
         console.print(f"[yellow]note:[/yellow] this session's last run was the deployment run {last.name} "
-                      f"({last.id}); this resume runs here as a new flow run, also named {root.resolve().name}, "
+                      f"({last.id}); this resume runs here as a new flow run, also named {session_run_name(root)}, "
                       f"and that one keeps its state in the UI (retry it there instead to resume it on a worker)")
     return run_session(Run(workspace=args.workspace, model=args.model, budget_usd=args.budget_usd,
                            max_turns=args.max_turns, verbose=args.verbose, network=args.network,
@@ -286,6 +290,8 @@ def _run_flow(run: Run, research_session) -> int:
     except Exception as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         _print_summary(run.workspace, err)
+        if "`labrun resume " in first:  # the reason names the resume that helps (a budget, a turn limit)
+            raise CliError(f"session stopped: {first.replace('`labrun ', f'`{labrun_command()} ')}", code=1) from None
         raise CliError(f"session stopped: {first}\nresume with: {labrun_command()} resume {run.workspace}",
                        code=1) from None
     _print_summary(run.workspace, console)

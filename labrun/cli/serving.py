@@ -28,6 +28,7 @@ def cmd_server(args) -> int:
     logs = prefect_home() / "labrun"
     server_log = logs / "server.log"
     server = worker = None
+    stopped = "the server" if args.no_worker else "the worker and the server"
     record = server_record()
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored
@@ -53,7 +54,7 @@ def cmd_server(args) -> int:
         console.print(
             f"\n[bold]labrun server ready.[/bold] UI: http://{host}:{port}  ·  API: {api_url}\n"
             f"`labrun run` and `labrun queue` here use it; elsewhere set PREFECT_API_URL={api_url}\n"
-            "Ctrl-C stops the worker and the server.\n",
+            f"Ctrl-C stops {stopped}.\n",
         )
         while True:
             if server.poll() is not None:
@@ -63,7 +64,7 @@ def cmd_server(args) -> int:
                 worker = processes.start_worker(env, logs / "worker.log")
             time.sleep(1)
     except KeyboardInterrupt:
-        console.print("stopping the worker and the server…")
+        console.print(f"stopping {stopped}…")
         return 0
     except ServerError as e:
         raise CliError(str(e), 1) from None

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from labrun.prefect_processes import ServerError
-from labrun.run_params import RunParams
+from labrun.run_params import RunParams, session_run_name
 from labrun.serving import SESSION_DEPLOYMENT
 
 IDEA_SUFFIXES = (".yaml", ".yml")
@@ -45,7 +45,7 @@ def submit_session(run: RunParams, deployment: str = SESSION_DEPLOYMENT, idempot
     from prefect.deployments import run_deployment
 
     return run_deployment(
-        deployment, parameters=run.parameters(), timeout=0, flow_run_name=Path(run.workspace or "").name,
+        deployment, parameters=run.parameters(), timeout=0, flow_run_name=session_run_name(run.workspace or "."),
         tags=["labrun"], idempotency_key=idempotency_key, job_variables=job_variables,
         as_subflow=False,  # a session is a run of its own in the UI, not a queue's subflow
     )
@@ -63,7 +63,7 @@ def active_session_run(workspace: Path):
               StateType.CANCELLING]
     with get_client(sync_client=True) as client:
         runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-            name=FlowRunFilterName(any_=[workspace.name]),
+            name=FlowRunFilterName(any_=[session_run_name(workspace)]),
             state=FlowRunFilterState(type=FlowRunFilterStateType(any_=active))))
     return next((r for r in runs if r.parameters.get("workspace") == str(workspace)), None)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from labrun.run_params import session_run_name
 from labrun.serving import SESSION_DEPLOYMENT
 
 from e2e_helpers import client, idea_copy, labrun, wait_for
@@ -48,7 +49,7 @@ def test_prefects_own_cli_gets_a_named_run_its_logs_and_one_line_refusals(prefec
     run_id = next(line.split()[-1] for line in started.stdout.splitlines() if "UUID" in line)
     run = wait_for([run_id], timeout_s=180)[run_id]
     assert run.state.type.value == "COMPLETED", run.state
-    assert run.name == "edges-by-hand"  # not a random pair of words
+    assert run.name == session_run_name(ws)  # not a random pair of words
     wait_until(lambda: "session complete" in run_logs(run_id), "the run's last event in its logs")
     logs = run_logs(run_id)
     for event in ("phase 1 of 6 planning started (run 1)", "phase 4 of 6 experiments started (run 1)",
