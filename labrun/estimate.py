@@ -6,7 +6,7 @@ limits. Each line says how rough it is; nothing here is a forecast of what the a
 
 from __future__ import annotations
 
-from labrun.agents.registry import backend, model_of
+from labrun.agents.registry import backend, load, model_of
 from labrun.idea import Idea
 from labrun.model import ModelRequest
 from labrun.phase_registry import BY_KEY, phase_list
@@ -22,13 +22,10 @@ def turns(idea: Idea, with_phases: tuple[str, ...] = (), max_turns: int | None =
 
 
 def prompt_ceiling(agent: str) -> int | None:
-    """The prompt tokens past which labrun's own loop clears old tool results (the anthropic
-    agent with context management on); None where nothing labrun sets bounds a prompt."""
-    if agent != "anthropic" or not settings().context_management:
-        return None
-    from labrun.agents.anthropic import DEFAULT_CONTEXT_MANAGEMENT  # the SDK: only for this agent
-
-    return int(DEFAULT_CONTEXT_MANAGEMENT["edits"][0]["trigger"]["value"])
+    """The prompt tokens past which labrun's own loop clears old tool results for `agent`;
+    None where nothing labrun sets bounds a prompt."""
+    ceiling = backend(agent).prompt_ceiling
+    return load(ceiling)() if ceiling else None
 
 
 def cost_lines(idea: Idea, agent: str, model: str | None, budget_usd: float | None,

@@ -160,6 +160,12 @@ class AnthropicModel:
         )
 
 
+def prompt_ceiling() -> int | None:
+    """The prompt tokens past which old tool results are cleared, as the settings have it."""
+    edits = (_context_management_setting(None) or {}).get("edits") or [{}]
+    return (edits[0].get("trigger") or {}).get("value")
+
+
 def _context_management_setting(value: bool | dict[str, Any] | None) -> dict[str, Any] | None:
     if value is None:
         value = settings().context_management

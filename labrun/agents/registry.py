@@ -50,6 +50,9 @@ class Backend:
     ask what a phase fetched; None: its calls are all in labrun's journal."""
     stand_in: bool = False
     """An offline stand-in for demos and tests, named so wherever a session's work is shown."""
+    prompt_ceiling: str | None = None
+    """`module:callable`, called with no arguments: the prompt tokens past which labrun's loop
+    clears old tool results for it (None, or None returned: nothing labrun sets bounds a prompt)."""
 
     @property
     def priced(self) -> bool:
@@ -60,6 +63,7 @@ ENTRIES = (
     Backend("anthropic", "labrun.agents.anthropic:make", "priced", default_model="claude-opus-5-5",
             # the docs' "start here for most workloads", Nov 2026
             model_variable=True, check="labrun.agents.anthropic:check_credentials",
+            prompt_ceiling="labrun.agents.anthropic:prompt_ceiling",
             variables={"ANTHROPIC_API_KEY": "the anthropic agent's key (or ANTHROPIC_AUTH_TOKEN)",
                        "ANTHROPIC_BASE_URL": "another endpoint for the Messages API (a proxy, a gateway)",
                        "LABRUN_MODEL": "", "LABRUN_CONTEXT_MANAGEMENT": ""},
