@@ -127,6 +127,6 @@ def close_prefect_clients(timeout_s: float) -> None:
         for s, loop, task in running:
             if loop is not None and task is not None and not task.done():
                 logging.getLogger("labrun").warning(
-                    "Prefect's API took not all of this run's %s within %.0f s; the rest is dropped",
+                    "Prefect's API did not take all of this run's %s within %.0f s; the rest is dropped",
                     "logs" if service is APILogWorker else "events", timeout_s)
                 loop.call_soon_threadsafe(task.cancel)
