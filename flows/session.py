@@ -226,7 +226,7 @@ def _crash_left_attempts(session: Session) -> None:
 
 def _record_interruption(session: Session, reason: str) -> None:
     """In STATE.md, in plain words. Attempts still running are killed and marked as a resume
-    would mark them; the phase that was running is FAILED (its task Crashed)."""
+    would mark them; the phase that was running is INTERRUPTED (its task Crashed)."""
     session.records.reconcile()
     running = [(n, p) for n, p in enumerate(session.phases, 1) if session.state.phases[p.key].status == "IN PROGRESS"]
     hint = f"resume with `labrun resume {session.ws.root}`"
@@ -234,7 +234,7 @@ def _record_interruption(session: Session, reason: str) -> None:
         session.store.log(f"session interrupted by {reason}; {hint}")
         return
     number, phase = running[0]
-    session.store.set_phase(phase.key, "FAILED", f"phase {number} {phase.key} interrupted by {reason}; {hint}",
+    session.store.set_phase(phase.key, "INTERRUPTED", f"phase {number} {phase.key} interrupted by {reason}; {hint}",
                             f"interrupted by {reason}")
 
 

@@ -1,6 +1,9 @@
-"""Stopping on SIGINT and SIGTERM: the first one unwinds the session (Prefect records the
-crash, STATE.md says what stopped it, the processes labrun started are stopped); a second
-one ends labrun at once.
+"""Stopping on a signal: SIGINT (Ctrl-C), SIGTERM, SIGHUP (its terminal closed, an SSH
+connection dropped) and SIGPIPE (its output piped into a reader that has gone, as in
+`labrun run … | head -5`). The first unwinds the session (Prefect records the crash,
+STATE.md says what stopped it, the processes labrun started are stopped); a second one ends
+labrun at once. Output that has nowhere to go after a hang-up or a closed pipe is dropped,
+so that the clean path does not fail on its own messages.
 
 A terminal's Ctrl-C reaches its whole foreground process group. Everything labrun starts
 runs in a session of its own (the Prefect API, experiment commands), so the signal reaches
@@ -11,13 +14,17 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
 import signal
 from contextlib import contextmanager
 from functools import lru_cache
 from typing import Callable, Iterator
 
-NAMES = {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGTERM: "SIGTERM"}
-EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+NAMES = {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGTERM: "SIGTERM",
+         signal.SIGHUP: "a hang-up (SIGHUP: its terminal closed)",
+         signal.SIGPIPE: "a closed output pipe (SIGPIPE)"}
+SIGNALS = tuple(NAMES)
+EXIT_CODES = {s: 128 + s for s in SIGNALS}  # as a shell reports a process the signal ended
 
 
 class Interrupted(KeyboardInterrupt):
@@ -66,10 +73,31 @@ def on_hard_exit(cleanup: Callable[[], None]) -> None:
     _on_hard_exit.append(cleanup)
 
 
+def mute_closed_outputs() -> None:
+    """Point stdout and stderr at /dev/null where their reader is gone (a closed pipe, a
+    terminal hung up): a write there would raise, or stop labrun with SIGPIPE."""
+    devnull = None
+    for fd in (1, 2):
+        poll = select.poll()
+        poll.register(fd, select.POLLOUT)
+        try:
+            gone = any(mask & (select.POLLERR | select.POLLHUP) for _, mask in poll.poll(0))
+        except OSError:
+            gone = True
+        if gone:
+            devnull = os.open(os.devnull, os.O_WRONLY) if devnull is None else devnull
+            os.dup2(devnull, fd)
+    if devnull is not None:
+        os.close(devnull)
+
+
 @contextmanager
 def stop_on_signals() -> Iterator[None]:
-    """In the main thread: SIGINT and SIGTERM raise `Interrupted`; a second one exits."""
+    """In the main thread: each of `SIGNALS` raises `Interrupted`; a second one exits.
+    Python ignores SIGPIPE (a write to a closed pipe raises instead); here it is a signal
+    like the others, so that a closed pipe stops the session the way SIGTERM does."""
     def second(signum, frame):
+        mute_closed_outputs()
         for cleanup in reversed(_on_hard_exit):
             try:
                 cleanup()
@@ -79,11 +107,12 @@ def stop_on_signals() -> Iterator[None]:
         os._exit(EXIT_CODES.get(signum, 128 + signum))
 
     def first(signum, frame):
-        signal.signal(signal.SIGINT, second)
-        signal.signal(signal.SIGTERM, second)
+        for s in SIGNALS:
+            signal.signal(s, second if s != signal.SIGPIPE else signal.SIG_IGN)  # writes may still fail
+        mute_closed_outputs()
         raise Interrupted(signum)
 
-    previous = {s: signal.signal(s, first) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, first) for s in SIGNALS}
     try:
         yield
     finally:

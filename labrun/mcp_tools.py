@@ -65,7 +65,9 @@ def run_call(toolbox: ToolBox, call: ToolCall,
         result = toolbox.call(call.name, call.arguments)
         after(call, result)
     except BaseException as e:  # the client gets an error; the engine sees the exception
-        call.future.set_exception(e)
+        # A signal's interruption is the engine's to unwind, not the MCP thread's: there it
+        # would escape the server's task groups and print their traceback on the terminal.
+        call.future.set_exception(e if isinstance(e, Exception) else RuntimeError(f"the engine stopped: {e}"))
         raise
     call.future.set_result(result)
 

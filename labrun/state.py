@@ -35,8 +35,9 @@ from labrun.phase_registry import DEFAULT, section_titles
 log = logging.getLogger("labrun")
 DEFAULT_TIME_LIMIT_S = 3600
 """NeuriCo's schema's default `constraints.time_limit`."""
-PhaseStatus = Literal["pending", "IN PROGRESS", "DONE", "FAILED"]
-TRANSITIONS = {"IN PROGRESS": "phase-start", "DONE": "phase-done", "FAILED": "phase-failed"}
+PhaseStatus = Literal["pending", "IN PROGRESS", "DONE", "FAILED", "INTERRUPTED"]
+TRANSITIONS = {"IN PROGRESS": "phase-start", "DONE": "phase-done", "FAILED": "phase-failed",
+               "INTERRUPTED": "phase-failed"}
 """The crash point (labrun.crashpoints) just before each kind of phase-table write."""
 AttemptStatus = Literal["RUNNING", "FAILED", "SUCCESS", "INTERRUPTED"]
 
@@ -282,7 +283,7 @@ class SessionState(BaseModel):
     @property
     def active_phase(self) -> str | None:
         for key, record in self.phases.items():
-            if record.status in ("IN PROGRESS", "FAILED"):
+            if record.status in ("IN PROGRESS", "FAILED", "INTERRUPTED"):
                 return key
         return None
 
@@ -302,7 +303,7 @@ class SessionState(BaseModel):
         run = self.last_run if self.last_run and self.last_run.deployment_id else None
         retry = (f"retry flow run {run.name} from the Prefect UI (its Retry button) or with "
                  f"`prefect flow-run retry {run.id}`") if run else None
-        failed = [k for k, r in self.phases.items() if r.status == "FAILED"]
+        failed = [k for k, r in self.phases.items() if r.status in ("FAILED", "INTERRUPTED")]
         if failed:
             return (f"{retry or f'resume with `labrun resume {workspace}`'} "
                     f"(phase {failed[0]} stopped: {self.phases[failed[0]].error})")
@@ -604,7 +605,7 @@ class StateStore:
     def set_phase(self, key: str, status: PhaseStatus, event: str, error: str | None = None) -> None:
         """The one writer of the phase table, called in the order the flow walks its phases:
         IN PROGRESS by the phase task as it starts, DONE or FAILED by the flow from the
-        task's Prefect state. A phase that starts makes every phase after it pending: the
+        task's Prefect state, INTERRUPTED by the flow when a signal stops it. A phase that starts makes every phase after it pending: the
         flow runs them after it, whatever they read before."""
         crashpoint(TRANSITIONS[status])
         with self.transaction() as state:

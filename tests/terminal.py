@@ -55,6 +55,12 @@ class Terminal:
     def ctrl_c(self) -> None:
         os.write(self.master, b"\x03")
 
+    def hang_up(self) -> None:
+        """Close the terminal, as closing its window does: the kernel sends SIGHUP to the
+        session's leader, and its writes to the terminal fail from then on."""
+        os.close(self.master)
+        self.master = -1
+
     def wait(self, timeout: float) -> int:
         code = self.proc.wait(timeout)
         self._reader.join(5)
@@ -76,7 +82,8 @@ class Terminal:
         for p in self.seen.values():
             if _alive(p):
                 p.kill()
-        os.close(self.master)
+        if self.master >= 0:
+            os.close(self.master)
 
 
 def _take_terminal() -> None:

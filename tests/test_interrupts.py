@@ -1,6 +1,7 @@
 """Interrupting a real `labrun run` as a person does: Ctrl-C typed in its terminal (SIGINT to
-the whole foreground process group), and SIGINT or SIGTERM sent to the labrun process
-alone; at a model call, in an experiment attempt, and while the Prefect API starts.
+the whole foreground process group), SIGINT or SIGTERM sent to the labrun process alone, its
+terminal closed (SIGHUP), its output piped into a reader that goes (`| head -5`); at a
+model call, in an experiment attempt, and while the Prefect API starts.
 
 Each run starts its own Prefect API (no PREFECT_API_URL), as a new user's does, and that
 API lives as long as the run. After each interruption: the exit code, the message, no process
@@ -32,8 +33,9 @@ POINTS = {
     "attempt": "hang-attempt@experiments:1",
     "api-start": "",
 }
-SIGNALS = {"ctrl-c": 130, "sigint": 130, "sigterm": 143}
-REASON = {"ctrl-c": "Ctrl-C (SIGINT)", "sigint": "Ctrl-C (SIGINT)", "sigterm": "SIGTERM"}
+SIGNALS = {"ctrl-c": 130, "sigint": 130, "sigterm": 143, "hang-up": 129}
+REASON = {"ctrl-c": "Ctrl-C (SIGINT)", "sigint": "Ctrl-C (SIGINT)", "sigterm": "SIGTERM",
+          "hang-up": "a hang-up (SIGHUP: its terminal closed)"}
 
 
 @pytest.fixture(scope="module")
@@ -78,12 +80,15 @@ def _cmd(p) -> list[str]:
 def interrupt(how: str, term: Terminal) -> None:
     if how == "ctrl-c":
         term.ctrl_c()
+    elif how == "hang-up":
+        term.hang_up()
     else:
         os.kill(term.proc.pid, signal.SIGINT if how == "sigint" else signal.SIGTERM)
 
 
 CASES = [(point, how) for point in POINTS for how in SIGNALS
-         if (point, how) != ("api-start", "sigint")]  # there the group's SIGINT is labrun's alone
+         if (point, how) != ("api-start", "sigint")  # there the group's SIGINT is labrun's alone
+         and (how != "hang-up" or point == "attempt")]  # the same path as SIGTERM: once
 
 
 @pytest.mark.parametrize("point,how", CASES)
@@ -105,6 +110,8 @@ def test_an_interrupted_run_stops_cleanly_and_resumes_with_nothing_redone(point,
         assert not term.survivors(), f"processes outlived labrun:\n{term.survivors()}\n{out}"
     finally:
         term.close()
+    if how == "hang-up":  # its terminal is gone, and what labrun said with it
+        out = f"interrupted; resume with: labrun resume {ws}"
 
     if point == "api-start":
         assert f"interrupted before the session started; start it again with: labrun run {DEMO_IDEA} " \
@@ -114,7 +121,7 @@ def test_an_interrupted_run_stops_cleanly_and_resumes_with_nothing_redone(point,
     assert f"interrupted; resume with: labrun resume {ws}" in " ".join(out.split()), out
     state_md = (ws / "STATE.md").read_text()
     assert f"phase 4 experiments interrupted by {REASON[how]}" in state_md
-    assert phase_table(state_md)["experiments"] == "FAILED"
+    assert phase_table(state_md)["experiments"] == "INTERRUPTED"
     assert "- Status: RUNNING" not in state_md
     assert "Task run is not set" not in state_md + out
 
@@ -223,3 +230,29 @@ def test_a_kill_9_of_the_run_takes_its_prefect_api_along(tmp_path, own_api_env):
         assert term.survivors() == [] and on_prefect_home(Path(own_api_env["PREFECT_HOME"])) == []
     finally:
         term.close() if term.proc.poll() is None else os.close(term.master)
+
+
+def test_a_closed_output_pipe_stops_the_run_as_sigterm_does(tmp_path, own_api_env, cli, monkeypatch):
+    """`labrun run … 2>&1 | head -5`: once the reader has its lines and goes, labrun's next
+    line meets a closed pipe (SIGPIPE). The session stops on its clean path: the phase
+    INTERRUPTED in STATE.md, nothing left running, and the resume completes."""
+    ws = tmp_path / "ws"
+    home = Path(own_api_env["PREFECT_HOME"])
+    labrun = subprocess.Popen([sys.executable, "-m", "labrun.cli", "run", str(DEMO_IDEA), "--workspace", str(ws),
+                               "--agent", "scripted"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              env=own_api_env, start_new_session=True)
+    try:
+        head = [labrun.stdout.readline() for _ in range(5)]
+        labrun.stdout.close()
+        code = labrun.wait(timeout=120)
+    finally:
+        if labrun.poll() is None:
+            os.killpg(labrun.pid, signal.SIGKILL)
+    assert code == 141, head
+    state_md = (ws / "STATE.md").read_text()
+    assert "interrupted by a closed output pipe (SIGPIPE)" in state_md
+    assert "INTERRUPTED" in phase_table(state_md).values() and "- Status: RUNNING" not in state_md
+    assert on_prefect_home(home) == []
+    resumed = cli("resume", str(ws))
+    assert resumed.returncode == 0, resumed.stderr
+    assert session_status(ws)["session"]["complete"]

@@ -82,3 +82,27 @@ def test_a_run_uses_the_api_of_labrun_server_and_starts_none(tmp_path, prefect_a
     assert code == 0 and "Session complete ·" in out, out[-3000:]
     assert f"using the Prefect API at {prefect_api} (labrun server)" in " ".join(out.split()), out[-3000:]
     assert seen and not any("labrun.run_api.process" in cmd for cmd in seen.values())
+
+
+CLOSE_ON_A_DEAD_API = """
+import os, sys, time
+os.environ["PREFECT_API_URL"] = "http://127.0.0.1:9/api"  # nothing listens there
+from prefect.events import emit_event
+from labrun.run_api.api import close_prefect_clients
+for i in range(3):
+    emit_event(event="labrun.test", resource={"prefect.resource.id": "labrun.test"})
+print(time.time(), flush=True)
+close_prefect_clients(1.0)
+"""
+
+
+def test_prefects_clients_get_a_bounded_close_and_the_exit_waits_on_none(tmp_path):
+    """Events that cannot reach the API (it is gone): the close gives them its second, drops
+    them saying so, and the interpreter's exit does not wait on them (Prefect's own drain
+    at exit retries each for seconds)."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {"PREFECT_HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", CLOSE_ON_A_DEAD_API], capture_output=True, text=True, env=env,
+                          timeout=120)
+    took = time.time() - float(done.stdout.split()[0])
+    assert took < 4, f"{took:.1f} s from the close to the exit:\n{done.stderr}"
+    assert "the rest is dropped" in done.stderr, done.stderr

@@ -18,9 +18,8 @@ class ModelAgent:
         self.model = model
 
     def run_phase(self, toolbox, convo, system, max_turns, budget) -> None:
-        # Here, not at the top: the turn loop imports Prefect, and `labrun run` checks the agent
-        # (importing this module) before it has chosen its Prefect API; a Prefect imported that
-        # early leaves a Ctrl-C in a terminal hanging (tests/test_interrupts.py).
+        # Here, not at the top: the turn loop imports Prefect (seconds), and `labrun run` checks
+        # the agent, importing this module, before it starts anything.
         from labrun.turns import run_turns
 
         run_turns(self.model, toolbox, convo, system, max_turns, budget)

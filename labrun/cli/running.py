@@ -26,8 +26,6 @@ EXIT_AWAITS_REVIEW = 3
 """The run did all it may until a person reviews a phase (`labrun review`)."""
 EXIT_STOPPED_BY_REVIEW = 4
 """The session's reviewer ended it."""
-FLUSH_S = 3.0
-"""How long, at the end, Prefect's log and event queues may take to reach the API."""
 
 
 class Run(RunParams):
@@ -239,11 +237,7 @@ def run_session(run: Run) -> int:
     try:
         with stop_on_signals():
             api = RunApi.find_or_start()
-            os.environ["PREFECT_API_URL"] = api.url  # before Prefect reads its settings
-            # As prefect.yaml sets for deployments: a labrun server's zombie automation
-            # expects a heartbeat every 30 s (Prefect's default is 180), and marks a run
-            # that sends none for 90 s Crashed.
-            os.environ.setdefault("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "30")
+            api.use()
             on_hard_exit(api.kill)
             on_hard_exit(lambda: [kill_group(g) for g in list(running_groups)])
             log.info(api.announcement())
@@ -265,8 +259,7 @@ def run_session(run: Run) -> int:
     finally:
         display.close()
         if api is not None:  # the run's own API lives as long as the run
-            _flush_prefect()
-            api.stop()
+            api.close()
 
 
 def _import_engine(verbose: bool):
@@ -307,20 +300,6 @@ def _print_summary(workspace: str, where) -> None:
         where.print(summary(workspace))
     except Exception as e:  # a summary that cannot be read must not hide how the run ended
         where.print(f"[yellow]labrun: no summary ({type(e).__name__}: {e})[/yellow]")
-
-
-def _flush_prefect() -> None:
-    """Send the logs and events this process still holds while the API is up; otherwise
-    the interpreter's exit retries them against a stopped API and says so."""
-    import sys
-
-    if "prefect" not in sys.modules:
-        return
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
-
-    APILogWorker.drain_all(timeout=FLUSH_S)
-    EventsWorker.drain_all(timeout=FLUSH_S)
 
 
 def _quiet_prefect_console(verbose: bool) -> None:
