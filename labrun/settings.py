@@ -52,8 +52,8 @@ class Settings(BaseSettings):
     """the gemini executable of the gemini agent (default gemini)"""
     gemini_max_attempts: str = ""
     """Gemini CLI's own attempts at each request, 1 to 10 (unset: its default, 10)"""
-    phase_timeout_s: Annotated[float | None, EmptyIsUnset] = None
-    """a coding-CLI phase's time limit (default: the idea's time_limit)"""
+    phase_timeout_s: Annotated[float, EmptyIsUnset] = 21600.0
+    """a coding-CLI phase's time limit in seconds (6 h; the idea's time_limit bounds each experiment attempt)"""
     cli_grace_s: float = 120.0
     """seconds a coding CLI may go on after complete_phase succeeded before it is stopped"""
     cli_pidns: Switch = True

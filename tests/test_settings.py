@@ -60,7 +60,7 @@ def test_an_empty_value_means_the_default_where_it_did(monkeypatch):
                  "LABRUN_PASS_ENV", "LABRUN_CLI_PIDNS", "LABRUN_CONTEXT_MANAGEMENT", "LABRUN_MODEL_API_LIMIT"):
         monkeypatch.setenv(name, "")
     s = settings()
-    assert s.phase_timeout_s is None  # the idea's time limit
+    assert s.phase_timeout_s == 21600  # six hours
     assert s.min_window_wait_s == 60 and windows.min_wait_s() == 60
     assert s.model is None and model_name() == BACKENDS["anthropic"].default_model
     assert s.crash_at == "" and s.pass_env == ""

@@ -58,7 +58,7 @@ own. Adopting it would add code around it, not remove the driver.
 Settings from the environment: `LABRUN_CLAUDE` (the executable, default `claude`),
 `LABRUN_CLAUDE_PERMISSIONS` (`default`: `--allowedTools` rules; `skip`:
 `--dangerously-skip-permissions`), `LABRUN_CLAUDE_AUTH` (`auto`, `subscription` or
-`api-key`), `LABRUN_PHASE_TIMEOUT_S` (default: the idea's `constraints.time_limit`),
+`api-key`), `LABRUN_PHASE_TIMEOUT_S` (6 hours unless set),
 `LABRUN_CLI_GRACE_S` (how long `claude` may go on after `complete_phase` succeeded,
 default 120), `LABRUN_CLI_PIDNS=off` (no PID namespace).
 """

@@ -380,7 +380,7 @@ class CliAgent:
             CliAgent.announced = True
         system_file = phase_dir / f"{self.name}-system-prompt.md"
         toolbox.session.ws.write(system_file, self.system_text(toolbox, convo, system))
-        timeout = float(toolbox.session.limits.time_limit_s if (t := settings().phase_timeout_s) is None else t)
+        timeout = settings().phase_timeout_s
         deadline = time.monotonic() + timeout
         close_orphaned_transcript(phase_dir, self.name)
         if (cut := cut_run(convo)) is not None:  # the engine died in it: what the CLI recorded
