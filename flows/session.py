@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import errno
 import logging
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 from prefect import flow, get_run_logger
 from prefect.context import FlowRunContext, TaskRunContext
-from prefect.exceptions import TerminationSignal
+from prefect.exceptions import Pause, TerminationSignal
 from prefect.logging.handlers import APILogHandler
 from prefect.states import State
 
@@ -31,7 +32,7 @@ from labrun.flows.review import gate
 from labrun.review import review_round
 from labrun.run_params import RunParams, flow_parameters, session_run_name
 from labrun.session import Session
-from labrun.state import FlowRunRecord
+from labrun.state import FlowRunRecord, utc
 from labrun.status import nothing_to_do, session_status
 from labrun.windows import wait_out
 from labrun.phase_registry import phase_version
@@ -107,6 +108,10 @@ def research_session(**params: Any) -> State:
         raise
     except TerminationSignal:  # Prefect's own SIGTERM handler during a flow run
         _record_interruption(session, "SIGTERM")
+        raise
+    except Pause as e:  # suspended: by its review gate (recorded there), or from the Prefect UI
+        if session.state.awaiting_review is None:
+            _record_suspension(session, e)
         raise
     finally:
         artifacts.close()
@@ -236,6 +241,31 @@ def _record_interruption(session: Session, reason: str) -> None:
     number, phase = running[0]
     session.store.set_phase(phase.key, "INTERRUPTED", f"phase {number} {phase.key} interrupted by {reason}; {hint}",
                             f"interrupted by {reason}")
+
+
+def _record_suspension(session: Session, pause: Pause) -> None:
+    """The run was suspended from the Prefect UI (Suspend in the classic UI, Pause in the new
+    one: both set its state Suspended through the API). Prefect refuses its next task, and
+    this process ends: the phase stays IN PROGRESS, to go on from its journal when the run is
+    resumed or retried. STATE.md says so, and until when Prefect waits for the Resume."""
+    from prefect.client.orchestration import get_client
+
+    state = pause.state  # the refusal of the next task, with the suspension's timeout
+    try:
+        with get_client(sync_client=True) as client:  # the Suspended state itself: when it was set
+            state = client.read_flow_run(FlowRunContext.get().flow_run.id).state or state
+    except Exception as e:  # the times are a view: never worth the record
+        logging.getLogger("labrun").warning("could not read the suspended run's state: %s", e)
+    session.records.reconcile()  # an attempt whose task Prefect refused never ran
+    with session.store.transaction() as s:
+        run = s.last_run
+        if run is None:
+            return
+        run.suspended_at = utc(state.timestamp) if state else utc(datetime.now(timezone.utc))
+        timeout = state.state_details.pause_timeout if state else None
+        run.resume_by = utc(timeout) if timeout else None
+        session.store.event(f"flow run {run.name} suspended from the Prefect UI at {run.suspended_at}; "
+                            "stopped before its next step, to go on when the run is resumed or retried")
 
 
 def _flow_run_id() -> str | None:

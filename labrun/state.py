@@ -43,7 +43,12 @@ AttemptStatus = Literal["RUNNING", "FAILED", "SUCCESS", "INTERRUPTED"]
 
 
 def now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return utc(datetime.now(timezone.utc))
+
+
+def utc(moment: datetime) -> str:
+    """A moment as STATE.md writes it: `2026-05-04 13:05:27 UTC`."""
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 class PhaseRecord(BaseModel):
@@ -183,6 +188,11 @@ class FlowRunRecord(BaseModel):
     id: str
     name: str
     deployment_id: str | None = None
+    suspended_at: str | None = None
+    """When it was suspended in Prefect while it ran (the UI's Suspend, or Pause in the new
+    UI): its engine stopped before its next step, to go on when the run is resumed."""
+    resume_by: str | None = None
+    """The suspension's timeout: Prefect marks the run Failed if it is not resumed by then."""
 
 
 class SessionState(BaseModel):
@@ -303,6 +313,8 @@ class SessionState(BaseModel):
         run = self.last_run if self.last_run and self.last_run.deployment_id else None
         retry = (f"retry flow run {run.name} from the Prefect UI (its Retry button) or with "
                  f"`prefect flow-run retry {run.id}`") if run else None
+        if self.last_run and self.last_run.suspended_at:
+            return self._suspended(self.last_run, workspace)
         failed = [k for k, r in self.phases.items() if r.status in ("FAILED", "INTERRUPTED")]
         if failed:
             return (f"{retry or f'resume with `labrun resume {workspace}`'} "
@@ -314,6 +326,20 @@ class SessionState(BaseModel):
             return f"phase {running[0]} is running; if no labrun process is, `labrun resume {workspace}`"
         pending = next(k for k, r in self.phases.items() if r.status == "pending")
         return f"start phase {pending} (`labrun resume {workspace}`)"
+
+    def _suspended(self, run: FlowRunRecord, workspace: str) -> str:
+        """A run suspended from the Prefect UI: nothing runs until it is resumed. A deployment
+        run goes on on a worker; Prefect cannot resume one without a deployment."""
+        running = next((k for k, r in self.phases.items() if r.status == "IN PROGRESS"), None)
+        pending = next((k for k, r in self.phases.items() if r.status == "pending"), None)
+        where = (f"phase {running} goes on from its last finished step" if running else
+                 f"phase {pending} starts" if pending else "the session goes on")
+        head = f"flow run {run.name} was suspended from the Prefect UI at {run.suspended_at}, and nothing runs"
+        if not run.deployment_id:
+            return f"{head}: resume with `labrun resume {workspace}` ({where})"
+        deadline = (f" before {run.resume_by} (then Prefect marks it Failed: press Retry, or "
+                    f"`prefect flow-run retry {run.id}`)") if run.resume_by else ""
+        return f"{head}: press Resume on its page in the Prefect UI{deadline}; {where}"
 
 
 class Block(str):

@@ -82,11 +82,17 @@ def back_off(e: TransientModelError, what: str) -> NoReturn:
     persist_result=False,
     **RETRY_POLICY,
 )
-def model_call(model: Model, request: ModelRequest, phase: str, turn: int) -> ModelReply:
+def model_call(model: Model, request: ModelRequest, phase: str, turn: int, convo: Conversation) -> ModelReply:
+    """The reply is saved here, inside the task: a run suspended from the Prefect UI while the
+    call was in flight ends the task as it returns (Prefect raises `Pause`, and its result is
+    lost), and the resumed run goes on from the saved reply instead of paying for it again."""
     try:
-        return model.complete(request)
+        reply = model.complete(request)
     except TransientModelError as e:
         back_off(e, f"{phase} turn {turn}")
+    crashpoint("reply-received")  # the one window where a billed reply can be lost
+    convo.add_reply(reply.content, reply.usage, reply.stop_reason)
+    return reply
 
 
 def run_turns(model: Model, toolbox: ToolBox, convo: Conversation, system: str, max_turns: int,
@@ -105,9 +111,7 @@ def run_turns(model: Model, toolbox: ToolBox, convo: Conversation, system: str, 
         request = ModelRequest(system=system, messages=convo.messages(), tools=specs, web=toolbox.phase.web)
         convo.add_call(convo.turns + 1)  # a crash before the reply is saved shows on resume
         # quoted: Prefect would walk the whole conversation looking for futures in it, every turn
-        reply = model_call(model, quote(request), phase=phase, turn=convo.turns + 1)
-        crashpoint("reply-received")  # the one window where a billed reply can be lost
-        convo.add_reply(reply.content, reply.usage, reply.stop_reason)
+        reply = model_call(model, quote(request), phase=phase, turn=convo.turns + 1, convo=quote(convo))
         crashpoint("reply-saved")
         budget.spend(reply.usage)
         tool_uses = [b for b in reply.content if b.get("type") == "tool_use"]

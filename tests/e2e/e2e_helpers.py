@@ -69,6 +69,21 @@ def latest_task_states(flow_run_id, since=None) -> dict[str, str]:
         time.sleep(0.5)
 
 
+def flow_processes(worker) -> list:
+    """The worker's flow-run processes (a worker starts each run as a child)."""
+    from labrun.prefect_processes import descendants
+
+    return [p for p in descendants(worker.proc.pid)
+            if "labrun" in " ".join(_cmdline(p)) or "prefect" in " ".join(_cmdline(p))]
+
+
+def _cmdline(proc) -> list[str]:
+    try:
+        return proc.cmdline()
+    except Exception:
+        return []
+
+
 def status_json(workspace: Path, env: dict[str, str]) -> dict[str, Any]:
     out = subprocess.run([sys.executable, "-m", "labrun.cli", "status", str(workspace), "--json"],
                          env=env, capture_output=True, text=True)

@@ -11,11 +11,11 @@ from datetime import datetime, timezone
 import pytest
 
 from labrun.review import os_user
-from labrun import prefect_processes as processes
 from labrun.serving import submit as srv
 
 from chromium import Browser, find_chromium
-from e2e_helpers import submit_run, CRASH_AFTER_S, REPO, idea_copy, labrun, latest_task_states, read_run, status_json, wait_for
+from e2e_helpers import (submit_run, CRASH_AFTER_S, REPO, flow_processes, idea_copy, labrun, latest_task_states, read_run,
+                         status_json, wait_for)
 
 pytestmark = pytest.mark.skipif(
     find_chromium() is None,
@@ -25,19 +25,6 @@ pytestmark = pytest.mark.skipif(
 REVISION = "Add a second noise level, sigma 2.0, to the run list."
 COMMENT = "Looks sound; report the slope with a bootstrap interval."
 NOT_PAUSED = {"SCHEDULED", "PENDING", "RUNNING", "COMPLETED", "FAILED", "CRASHED", "CANCELLING", "CANCELLED"}
-
-
-def flow_processes(worker) -> list:
-    """The worker's flow-run processes (a worker starts each run as a child)."""
-    return [p for p in processes.descendants(worker.proc.pid)
-            if "labrun" in " ".join(_cmdline(p)) or "prefect" in " ".join(_cmdline(p))]
-
-
-def _cmdline(proc) -> list[str]:
-    try:
-        return proc.cmdline()
-    except Exception:
-        return []
 
 
 def phase_tasks(run_id: str) -> set[str]:
