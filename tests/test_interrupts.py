@@ -256,3 +256,38 @@ def test_a_closed_output_pipe_stops_the_run_as_sigterm_does(tmp_path, own_api_en
     resumed = cli("resume", str(ws))
     assert resumed.returncode == 0, resumed.stderr
     assert session_status(ws)["session"]["complete"]
+
+
+def test_a_run_suspended_from_the_ui_stops_in_one_line_and_resumes(tmp_path, prefect_api, cli, monkeypatch):
+    """Suspend pressed in the Prefect UI on a `labrun run` (no deployment to resume it): Prefect
+    refuses the run's next task; labrun ends in one line that says so and how to go on."""
+    from datetime import datetime, timedelta, timezone
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import StateDetails, StateType
+    from prefect.states import State
+
+    from labrun.state import load_state
+    from labrun.workspace import Workspace
+
+    ws = tmp_path / "ws"
+    env = {**os.environ, "PREFECT_API_URL": prefect_api, "LABRUN_SCRIPTED_LATENCY_S": "0.3"}
+    labrun = subprocess.Popen([sys.executable, "-m", "labrun.cli", "run", str(DEMO_IDEA), "--workspace", str(ws),
+                               "--agent", "scripted"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=env, start_new_session=True)
+    try:
+        wait_for(lambda: (ws / ".labrun" / "state.json").exists() and load_state(Workspace(ws))[0].last_run, 120)
+        run_id = load_state(Workspace(ws))[0].last_run.id
+        with get_client(sync_client=True) as client:  # what the UI's Suspend sends
+            client.set_flow_run_state(run_id, State(type=StateType.PAUSED, name="Suspended", state_details=StateDetails(
+                pause_timeout=datetime.now(timezone.utc) + timedelta(seconds=300), pause_reschedule=True)), force=True)
+        out, _ = labrun.communicate(timeout=60)
+    finally:
+        if labrun.poll() is None:
+            os.killpg(labrun.pid, signal.SIGKILL)
+    assert labrun.returncode == 1, out
+    assert "session suspended from the Prefect UI" in out and f"resume {ws}" in out, out
+    assert "Traceback" not in out, out
+    resumed = cli("resume", str(ws))
+    assert resumed.returncode == 0, resumed.stderr
+    assert session_status(ws)["session"]["complete"]

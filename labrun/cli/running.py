@@ -276,10 +276,16 @@ def _run_flow(run: Run, research_session) -> int:
     from labrun.session import SessionMismatch
     from labrun.workspace import WorkspaceBusy
 
+    from prefect.exceptions import Pause
+
     try:
         result = research_session(**{**run.parameters(), "workspace": str(Path(run.workspace).resolve())})
     except (WorkspaceBusy, AgentUnavailable, SessionMismatch, BranchError) as e:
         raise CliError(str(e)) from None
+    except Pause:  # Suspend pressed in the Prefect UI: a run without a deployment goes on by a resume
+        _print_summary(run.workspace, err)
+        raise CliError(f"session suspended from the Prefect UI\nresume with: {labrun_command()} resume {run.workspace}",
+                       code=1) from None
     except Exception as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         _print_summary(run.workspace, err)
