@@ -231,8 +231,9 @@ def _crash_left_attempts(session: Session) -> None:
 
 def _record_interruption(session: Session, reason: str) -> None:
     """In STATE.md, in plain words. Attempts still running are killed and marked as a resume
-    would mark them; the phase that was running is INTERRUPTED (its task Crashed)."""
-    session.records.reconcile()
+    would mark them (unless LABRUN_KEEP_EXPERIMENTS=on); the phase that was running is
+    INTERRUPTED (its task Crashed)."""
+    session.records.reconcile(interrupted=True)
     running = [(n, p) for n, p in enumerate(session.phases, 1) if session.state.phases[p.key].status == "IN PROGRESS"]
     hint = f"resume with `labrun resume {session.ws.root}`"
     if not running:

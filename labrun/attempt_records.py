@@ -1,15 +1,18 @@
 """The engine's record of a session's experiment attempts: each numbered attempt in the
 state, and beside it in `.labrun/attempts/` the workspace it found and the files it wrote
-(`attempt-NNN.files.json`) and what its task noted as it ran (`attempt-NNN.run.json`)."""
+(`attempt-NNN.files.json`), what its task noted as it ran (`attempt-NNN.run.json`) and what
+its command's supervisor reports (`attempt-NNN.supervisor.json`, `labrun.supervisor`)."""
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any, Iterable
 
-from labrun.commands import kill_group
+from labrun.commands import Supervised, kill_group
 from labrun.prefect_processes import identified
+from labrun.settings import settings
 from labrun.snapshot import changed
 from labrun.state import Attempt, StateStore
 from labrun.workspace import Workspace
@@ -88,9 +91,26 @@ class AttemptRecords:
         files["after"] = {k: files_after[k] for k in files["wrote"] if k in files_after}  # what it wrote, as evidence
         self.ws.write_json(self.files_path(n), files)
 
-    def reconcile(self) -> None:
-        """An attempt still RUNNING belongs to a dead engine: recorded if its task ended, else
-        what it left is killed and it is marked INTERRUPTED."""
+    def supervisor_path(self, n: int) -> Path:
+        return self.ws.attempts / f"attempt-{n:03d}.supervisor.json"
+
+    def supervised(self, n: int) -> Supervised:
+        """Attempt n's command as its supervisor reports it (read beneath the workspace, never
+        through a link; `labrun.supervisor`)."""
+        def read() -> dict[str, Any]:
+            try:
+                return json.loads(self.ws.files.read_text(self.supervisor_path(n)))
+            except (OSError, ValueError):
+                return {}
+        return Supervised(read)
+
+    def reconcile(self, interrupted: bool = False) -> None:
+        """An attempt still RUNNING belongs to an engine that stopped. Recorded if its task
+        ended; left RUNNING if its command's supervisor still runs or reported its end (the
+        phase's resume re-attaches to it and records it: `labrun.phases.attempts`); else
+        what it left is killed and it is marked INTERRUPTED. `interrupted`: this engine is
+        stopping on a signal, which stops its attempts too, unless LABRUN_KEEP_EXPERIMENTS=on."""
+        keep = settings().keep_experiments
         with self.store.transaction():
             for a in self.store.state.attempts:
                 if a.status != "RUNNING":
@@ -99,12 +119,38 @@ class AttemptRecords:
                 if run.get("ended"):  # it ended, but the engine stopped before recording it
                     self.record(a.n, run["ended"])
                     continue
+                supervised = self.supervised(a.n)
+                report = supervised.read()
+                if "ended" in report or supervised.alive(report):
+                    if not interrupted:
+                        self.store.event(f"attempt {a.n} " + ("ended while no engine ran" if "ended" in report
+                                                              else "runs on") + "; the resume records it")
+                        continue
+                    if keep or "ended" in report:
+                        _say(f"attempt {a.n} " + ("has ended" if "ended" in report else
+                                                  "keeps running (LABRUN_KEEP_EXPERIMENTS=on)")
+                             + f"; `labrun resume {self.ws.root}` records it")
+                        continue
+                if interrupted:
+                    _say(f"attempt {a.n} stopped; with LABRUN_KEEP_EXPERIMENTS=on, Ctrl-C leaves experiments running")
+                for group in supervised.groups(report):
+                    kill_group(group)
                 if a.pgid:  # noted in the state by an older labrun
                     kill_group(a.pgid)
-                if run.get("pgid") and identified(run["pgid"], run["started"]) is not None:
+                if run.get("pgid") and identified(run["pgid"], run["started"]) is not None:  # an older labrun's
                     kill_group(run["pgid"])
-                a.status = "INTERRUPTED"
-                a.error = "the session was interrupted while this attempt ran"
-                a.pgid = None
-                a.task_run = run.get("task_run") or a.task_run
-                self.store.event(f"attempt {a.n} marked INTERRUPTED (the engine stopped while it ran)")
+                self.interrupt(a.n, run.get("task_run"), "the session was interrupted while this attempt ran")
+
+    def interrupt(self, n: int, task_run: str | None, why: str) -> None:
+        a = self.store.state.attempts[n - 1]
+        with self.store.transaction():
+            a.status = "INTERRUPTED"
+            a.error = why
+            a.pgid = None
+            a.task_run = task_run or a.task_run
+            self.store.event(f"attempt {a.n} marked INTERRUPTED ({why})")
+
+
+def _say(line: str) -> None:
+    """At the terminal (and in the run's log), as the engine stops."""
+    logging.getLogger("labrun").warning(line)

@@ -8,10 +8,12 @@ says, decided in one place (`Confinement.sandbox`)."""
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +21,7 @@ from typing import Callable, ClassVar, Iterable, Protocol
 
 from labrun.sandbox import Lifeline, Sandbox, bubblewrap
 from labrun.secrets import redact, scrubbed_env
+from labrun.supervisor import start_ticks, write_report
 
 
 @dataclass
@@ -144,7 +147,13 @@ def run_command(
         proc.wait()
         running_groups.discard(proc.pid)
         runner.ended()
-    duration = time.monotonic() - start
+    return _result(log_path, None if (timed_out or too_much) else proc.returncode, time.monotonic() - start,
+                   timed_out, too_much, timeout_s, max_output_bytes, show_chars)
+
+
+def _result(log_path: Path, exit_code: int | None, duration: float, timed_out: bool, too_much: bool,
+            timeout_s: float, max_output_bytes: int, show_chars: int) -> CommandResult:
+    """What an ended command's log and end say, as the engine reports it."""
     # The command held the log open, and may have made it sparse and huge (ftruncate costs it
     # nothing): past the limit, its end is not output the engine reads.
     if log_path.stat().st_size > max_output_bytes:
@@ -173,13 +182,8 @@ def run_command(
         text += f"\n[killed: the command ran past its timeout of {timeout_s:g} s]"
     if too_much:
         text += f"\n[killed: the command wrote more than {max_output_bytes} bytes of output]"
-    return CommandResult(
-        exit_code=None if (timed_out or too_much) else proc.returncode,
-        output=redact(text),
-        duration_s=duration,
-        timed_out=timed_out,
-        too_much_output=too_much,
-    )
+    return CommandResult(exit_code=exit_code, output=redact(text), duration_s=duration, timed_out=timed_out,
+                         too_much_output=too_much)
 
 
 class _ExitWatch:
@@ -214,3 +218,123 @@ def _redact_file(path: Path) -> None:
     clean = redact(text)
     if clean != text:
         path.write_text(clean)
+
+
+# -- an experiment attempt's command, under a supervisor that outlives the engine --------------
+
+SUPERVISOR = Path(__file__).with_name("supervisor.py")
+"""Run from its file with `python -I`: it imports nothing of labrun's (`labrun.supervisor`)."""
+
+
+@dataclass
+class Supervised:
+    """A command under its supervisor (`labrun.supervisor`), known by the report the
+    supervisor writes (`read`: {} before it wrote one). `proc`: the supervisor, when this
+    process started it (so that it is reaped); None when a resume re-attached to it."""
+
+    read: Callable[[], dict]
+    proc: subprocess.Popen | None = None
+    held: tuple[int, ...] = ()
+    """Its groups in `running_groups`, which a second Ctrl-C kills."""
+
+    def alive(self, report: dict) -> bool:
+        """Whether the supervisor `report` names still runs: the same pid and the same start time."""
+        if self.proc is not None:
+            return self.proc.poll() is None
+        return bool(report) and start_ticks(report["pid"]) == report["ticks"]
+
+    def wait(self) -> dict | None:
+        """The supervisor's last report once its command ended; None when the supervisor is
+        gone without one (killed, or the machine restarted)."""
+        watch: int | None = None
+        try:
+            while True:
+                report = self.read()
+                if "ended" in report:
+                    return report
+                if not self.alive(report):
+                    report = self.read()  # it may have ended between the two looks
+                    return report if "ended" in report else None
+                if watch is None:
+                    try:  # told the moment it ends, child of this process or not
+                        watch = os.pidfd_open(report["pid"]) if report else None
+                    except (AttributeError, OSError):
+                        pass
+                if watch is not None:
+                    select.select([watch], [], [], 1.0)
+                else:
+                    time.sleep(0.1)
+        finally:
+            if watch is not None:
+                os.close(watch)
+
+    def release(self) -> None:
+        """After it ended: reaped, and no longer for a second Ctrl-C to kill."""
+        if self.proc is not None:
+            self.proc.wait()
+        running_groups.difference_update(self.held)
+
+    def groups(self, report: dict | None = None) -> list[int]:
+        """The process groups to kill to stop it: the supervisor's, and its command's while
+        that group is still the one it started (`pgid_ticks`; a group's id is not given to
+        another process while any process of the group lives)."""
+        report = self.read() if report is None else report
+        found = [report["pid"]] if report and self.alive(report) else []
+        if report.get("pgid") and start_ticks(report["pgid"]) in (None, report.get("pgid_ticks")):
+            found.append(report["pgid"])
+        return found
+
+    def stop(self) -> None:
+        """Kill the supervisor first (so that it reports no end), then its command's group."""
+        for group in self.groups():
+            kill_group(group)
+        self.release()
+
+    def result(self, report: dict, log_path: Path, timeout_s: float, max_output_bytes: int,
+               show_chars: int = 20_000) -> CommandResult:
+        """What the ended command's report and log say."""
+        return _result(log_path, report["exit_code"], report["duration_s"], report["timed_out"],
+                       report["too_much_output"], timeout_s, max_output_bytes, show_chars)
+
+
+def start_supervised(command: str, cwd: Path, log_path: Path, folder_fd: int, report: str,
+                     read: Callable[[], dict], timeout_s: float, max_output_bytes: int,
+                     sandbox: Sandbox | None = None, keys: Iterable[str] = (),
+                     keep: bool = False) -> Supervised:
+    """Start `command` under a supervisor in a session of its own, which writes its report
+    `report` into the folder `folder_fd` (the engine's, opened without following links) and
+    enforces `timeout_s` and `max_output_bytes` itself; returns once the command has started
+    (its group is in the report) or the supervisor ended. As `run_command` runs it (bash, the
+    scrubbed environment with `keys`, the sandbox), but the sandbox's lifeline is the
+    supervisor's. Unless `keep`, a second Ctrl-C kills it (`running_groups`)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    argv = ["bash", "-c", command]
+    env = scrubbed_env(keys)
+    lifeline: tuple[int, int] | None = None
+    if execution(sandbox).name == "bubblewrap":
+        assert sandbox is not None
+        lifeline = os.pipe()
+        argv = sandbox.wrap(argv, lifeline[0])
+    job = {"argv": argv, "cwd": str(cwd), "env": env, "folder_fd": folder_fd, "report": report,
+           "timeout_s": timeout_s, "max_output_bytes": max_output_bytes, "lifeline": lifeline}
+    try:
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen([sys.executable, "-I", str(SUPERVISOR)], cwd=cwd, env=env, stdin=subprocess.PIPE,
+                                    stdout=log, stderr=log, start_new_session=True,
+                                    pass_fds=(folder_fd, *(lifeline or ())))
+    finally:
+        for fd in lifeline or ():
+            os.close(fd)  # the supervisor holds both ends now
+    assert proc.stdin is not None
+    # Its identity on disk before it has a job: an engine killed from here on leaves a
+    # supervisor that a resume finds (and waits for, or finds gone), never one it cannot see.
+    write_report(folder_fd, report, {"pid": proc.pid, "ticks": start_ticks(proc.pid)})
+    with proc.stdin:
+        proc.stdin.write(json.dumps(job).encode())
+    noted = read()
+    while proc.poll() is None and "pgid" not in noted:
+        time.sleep(0.01)
+        noted = read()
+    held = () if keep else (proc.pid, *([noted["pgid"]] if "pgid" in noted else []))
+    running_groups.update(held)
+    return Supervised(read, proc, held)

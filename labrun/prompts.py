@@ -279,6 +279,7 @@ def template_sources(phase_key: str, domain: str) -> str:
         "resume_note.md.j2",
         "nudge.md.j2",
         "interrupted_tool.md.j2",
+        "reattached_tool.md.j2",
         "cut_off.md.j2",
         "digest.md.j2",
         "clock.md.j2",
@@ -311,3 +312,8 @@ def prompt_digest(phase_key: str, domain: str) -> str:
 def interrupted_tool(name: str) -> str:
     """The result given for a tool call that a crash cut off (it is never re-run)."""
     return _tidy(env.get_template("interrupted_tool.md.j2").render(name=name))
+
+
+def reattached_tool() -> str:
+    """The head of the result of a `run_experiment` call whose attempt outlived the engine."""
+    return _tidy(env.get_template("reattached_tool.md.j2").render())

@@ -78,6 +78,8 @@ class Settings(BaseSettings):
     """the shortest wait for a spent usage window's reset, in seconds"""
     retry_base_s: float = 2.0
     """seconds before a transient model or CLI error's first retry, doubled each time (tests make it short)"""
+    keep_experiments: OnlyOn = False
+    """on: Ctrl-C and SIGTERM leave running experiment attempts running (`labrun resume` records them)"""
     tasks_in: Literal["here", "process"] = "here"
     """where the engine's tasks (attempts, reruns, sealed scoring) run: here, or process (one of their own each)"""
 

@@ -248,11 +248,17 @@ class ToolBox:
         if inp.run_id is not None and runs and inp.run_id not in runs:
             raise ToolError(f"Refused, not run: run_id {inp.run_id} is not in the run list "
                             f"({', '.join(runs)}); give a planned run's id, or none for a check that serves no run.")
-        attempt = self.start_attempt(self.session, self.phase.key, inp)
+        return self.attempt_report(self.start_attempt(self.session, self.phase.key, inp))
+
+    def attempt_report(self, attempt: "Attempt", note: str | None = None) -> str:
+        """What `run_experiment` answers about an attempt that ended; `note`, a paragraph
+        after its first line (the attempt's number and status, always first)."""
+        runs = self.session.state.plan.run_ids()
         metrics = ", ".join(f"{k}={v}" for k, v in attempt.metrics.items()) or "none"
         done = sum(r.state == "done" for r in coverage(self.session.state.plan, self.session.state.live_attempts()))
         return "\n".join([
             f"Attempt {attempt.n}: {attempt.status}",
+            *([note] if note else []),
             *([f"Run: {attempt.run_id} (run list: {done} of {len(runs)} runs done)"] if attempt.run_id else []),
             f"Exit code: {attempt.exit_code}",
             f"Duration: {attempt.duration_s:.1f} s" if attempt.duration_s is not None else "Duration: —",

@@ -14,11 +14,10 @@ import os
 import re
 import stat
 
-import psutil
 from prefect.context import TaskRunContext
 from prefect.states import Failed, State
 
-from labrun.commands import run_command
+from labrun.commands import start_supervised
 from labrun.crashpoints import crashpoint
 from labrun.evidence import echoed, kept_text, shell_writer, unmeasured
 from labrun.phases.execution import TaskSpec, engine_task, execute
@@ -107,38 +106,65 @@ def experiment_attempt(spec: AttemptSpec) -> dict | State:
     return record
 
 
+def reattach_attempt(session: Session, n: int) -> Attempt:
+    """Attempt n, left RUNNING by an engine that stopped while its command ran on under its
+    supervisor: its task again, which waits for the command (or finds it ended) and judges it,
+    once; never started again."""
+    session.records.record(n, execute("attempt", AttemptSpec.of(session, n=n)))
+    return session.state.attempts[n - 1]
+
+
 def _run(session: Session, n: int) -> dict:
+    """Start attempt n's command under its supervisor (`labrun.supervisor`), or re-attach to
+    the one an earlier engine started; wait for its end, and judge it."""
     attempt = session.state.attempts[n - 1]
     run_file = session.records.run_path(n)
-    noted = {"task_run": str(TaskRunContext.get().task_run.id)}
-    session.ws.write_json(run_file, noted, durable=False)  # about this process, not the disk
+    noted = session.records.run(n)
+    if noted.get("ended"):
+        return {**noted["ended"], "pid": os.getpid()}
+    noted["task_run"] = str(TaskRunContext.get().task_run.id)
     log = session.ws.root / attempt.log
     # Its metrics file and declared outputs, as it finds them: a deterministic run writes them
     # again byte for byte, which only their identity tells from a file it left alone.
     watched = [p for p in dict.fromkeys([attempt.metrics_file, *attempt.outputs]) if p]
-    found = {p: _identity(session, p) for p in watched}
-
-    def started(pgid: int) -> None:
+    keep = settings().keep_experiments
+    supervised = session.records.supervised(n)
+    if supervised.read():  # started by an engine that stopped since: never started again
+        session.ws.write_json(run_file, noted, durable=False)
+        crashpoint("attempt-reattached")
+    else:
+        noted["found"] = {p: _identity(session, p) for p in watched}
+        session.ws.write_json(run_file, noted, durable=False)  # about this process, not the disk
+        folder = session.ws.files.open(session.records.supervisor_path(n).parent, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            noted.update(pgid=pgid, started=psutil.Process(pgid).create_time())
-            session.ws.write_json(run_file, noted, durable=False)
-        except psutil.NoSuchProcess:
-            pass  # ended already
+            supervised = start_supervised(
+                attempt.command, session.ws.root, log, folder, session.records.supervisor_path(n).name,
+                supervised.read, timeout_s=session.limits.time_limit_s, max_output_bytes=MAX_OUTPUT_BYTES,
+                sandbox=session.confinement.sandbox(), keys=session.confinement.key_names(), keep=keep)
+        finally:
+            os.close(folder)
         crashpoint("attempt")
-
-    result = run_command(
-        attempt.command,
-        session.ws.root,
-        log,
-        timeout_s=session.limits.time_limit_s,
-        max_output_bytes=MAX_OUTPUT_BYTES,
-        on_start=started,
-        sandbox=session.confinement.sandbox(),
-        keys=session.confinement.key_names(),
-    )
+    try:
+        report = supervised.wait()
+    except BaseException:  # the engine is stopping (Ctrl-C): its attempt with it, unless asked otherwise
+        if not keep:
+            supervised.stop()
+        raise
+    supervised.release()
+    crashpoint("attempt-ended")
+    if report is None:
+        supervised.stop()  # what its command left, if it ran without a sandbox to end it
+        ended = attempt.model_copy(update=dict(
+            status="INTERRUPTED", task_run=noted["task_run"],
+            error="its supervisor ended before its command did (killed, or the machine restarted); "
+                  "anything it wrote may be incomplete")).model_dump()
+        session.ws.write_json(run_file, {**noted, "ended": ended}, durable=False)
+        return {**ended, "pid": os.getpid()}
+    result = supervised.result(report, log, session.limits.time_limit_s, MAX_OUTPUT_BYTES)
     session.ws.release_reserve_if_full()  # so that this attempt's record fits
+    found = noted.get("found") or {}
     before = (session.records.files(n) or {}).get("before") or {}
-    rewritten = [p for p in watched if found[p] and _identity(session, p) not in (None, found[p])
+    rewritten = [p for p in watched if found.get(p) and _identity(session, p) not in (None, found[p])
                  and shell_writer(attempt.command, p, before, session.ws.root) is None]  # `touch` computes nothing
     session.records.wrote(n, workspace_files(session.ws.root), rewritten)
     status, error, metrics, outputs = judge(session, attempt, result)
@@ -160,14 +186,15 @@ def _run(session: Session, n: int) -> dict:
     return {**ended, "pid": os.getpid()}
 
 
-def _identity(session: Session, rel: str | None) -> tuple[int, int] | None:
+def _identity(session: Session, rel: str | None) -> list[int] | None:
     """A regular file's inode and modification time (None when there is none, or it is not one
-    the engine reads): which tell a file written again from one left alone."""
+    the engine reads): which tell a file written again from one left alone. A list: noted in
+    the attempt's run file, for a resume that re-attaches to it."""
     try:
         st = session.ws.files.lstat(rel) if rel else None
     except Refused:
         return None
-    return (st.st_ino, st.st_mtime_ns) if st is not None and stat.S_ISREG(st.st_mode) else None
+    return [st.st_ino, st.st_mtime_ns] if st is not None and stat.S_ISREG(st.st_mode) else None
 
 
 def judge(session: Session, attempt: Attempt, result) -> tuple[str, str | None, dict, list[str]]:

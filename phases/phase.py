@@ -18,9 +18,10 @@ from labrun.agents.backends import make_agent
 from labrun.crashpoints import crashpoint
 from labrun.journal import Conversation, SystemRecord, UserRecord, phase_usage
 from labrun.session import Session
+from labrun.secrets import redact
 from labrun.snapshot import workspace_files
 from labrun.phase_registry import BY_KEY, Phase
-from labrun.phases.attempts import start_attempt
+from labrun.phases.attempts import reattach_attempt, start_attempt
 from labrun.phases.execution import TaskSpec
 from labrun.phases.report_header import stamp_report
 from labrun.phases.reproduction import reproduce
@@ -67,6 +68,27 @@ def _cache_key(context, p: dict[str, Any]) -> str:
     return f"labrun-{p['spec'].session_id}-{p['phase_key']}-{p['version']}-{p['upstream']}{branch}{revised}"
 
 
+def reattach(session: Session, phase: Phase, convo: Conversation) -> list[dict[str, Any]]:
+    """Answer the tool calls a stopped engine cut off, and return those answered as
+    interrupted. An attempt whose command ran on under its supervisor (left RUNNING:
+    `AttemptRecords.reconcile`) is re-attached: waited for, or found ended, and recorded once;
+    its `run_experiment` call gets its real result. Any other call is answered as cut off."""
+    running = [a for a in session.state.attempts if a.status == "RUNNING" and a.phase == phase.key]
+    tools = toolbox(session, phase)
+    interrupted = []
+    for block in convo.unanswered_tool_uses():
+        if block["name"] == "run_experiment" and running and block["input"].get("command") == running[0].command:
+            attempt = reattach_attempt(session, running.pop(0).n)
+            convo.add_tool_result(block["id"], block["name"], redact(tools.attempt_report(attempt, prompts.reattached_tool())),
+                                  attempt.status == "INTERRUPTED")
+            continue
+        convo.add_tool_result(block["id"], block["name"], prompts.interrupted_tool(block["name"]), True)
+        interrupted.append(block)
+    for attempt in running:  # no call left to answer (a coding CLI's): recorded all the same
+        reattach_attempt(session, attempt.n)
+    return interrupted
+
+
 @task(
     name="phase",
     task_run_name="{number}-{phase_key}",
@@ -110,9 +132,7 @@ def _run(session: Session, spec: TaskSpec, phase_key: str, number: int, version:
         session.store.log(f"phase {number} {phase_key}: the engine stopped in the model call of turn {cut}; "
                           "if the API had answered it, that reply is lost and its cost is not counted")
     if convo is not None and convo.completed is None and convo.turns:
-        interrupted = convo.unanswered_tool_uses()
-        for block in interrupted:
-            convo.add_tool_result(block["id"], block["name"], prompts.interrupted_tool(block["name"]), True)
+        interrupted = reattach(session, phase, convo)
         if convo.revising:
             event = f"phase {number} of {len(order)} {phase_key} revised at turn {convo.turns + 1}, as its reviewer asked"
         else:

@@ -19,6 +19,13 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ["LABRUN_RETRY_BASE_S"] = "0.05"
 os.environ.pop("PREFECT_API_URL", None)
 
+# Prefect sets up its logging once a process, its console handler bound to the stderr of that
+# moment: so here, on the test session's own, not inside a test that captures its output (that
+# stream closes as the test ends, and every later test that logs would fail).
+from prefect.logging.configuration import ensure_logging_setup  # noqa: E402
+
+ensure_logging_setup()
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: minutes of real servers, CLIs or kills; `pytest -m ''` runs "

@@ -234,8 +234,15 @@ def state_md_sections(keys=None) -> list[str]:
 
 
 def attempt_group(ws: Path) -> int | None:
-    """The process group of the workspace's running attempt, as its task noted it
-    (`.labrun/attempts/attempt-NNN.run.json`), once its command has started."""
+    """The process group of the workspace's running attempt's command, as its supervisor
+    reported it (`.labrun/attempts/attempt-NNN.supervisor.json`), once the command has started."""
+    report = attempt_supervisor(ws)
+    return report.get("pgid") if report else None
+
+
+def attempt_supervisor(ws: Path) -> dict | None:
+    """What the supervisor of the workspace's running attempt reports (`labrun.supervisor`):
+    its `pid`, its command's `pgid`, and once it ended, its end."""
     import json
 
     try:
@@ -245,9 +252,18 @@ def attempt_group(ws: Path) -> int | None:
     for a in attempts:
         if a["status"] == "RUNNING":
             try:
-                run = json.loads((ws / f".labrun/attempts/attempt-{a['n']:03d}.run.json").read_text())
+                return json.loads((ws / f".labrun/attempts/attempt-{a['n']:03d}.supervisor.json").read_text())
             except (OSError, ValueError):
                 continue
-            if run.get("pgid"):
-                return run["pgid"]
     return None
+
+
+def kill_attempt_supervisor(ws: Path) -> None:
+    """SIGKILL the running attempt's supervisor alone: the sandbox goes with it (its lifeline);
+    unsandboxed, what the command started is left for the engine to kill. The attempt is
+    then INTERRUPTED: what a test does that needs the attempt stopped with the engine."""
+    import signal
+
+    report = attempt_supervisor(ws)
+    assert report, "no running attempt's supervisor"
+    os.kill(report["pid"], signal.SIGKILL)

@@ -22,7 +22,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from auto_responder import IDEA, PLAN as PLAN_MD, TURNS, AutoResearcher, phase_and_turn  # noqa: E402
-from support import attempt_group, labrun, status, wait_for  # noqa: E402
+from support import attempt_group, kill_attempt_supervisor, labrun, status, wait_for  # noqa: E402
 from fake_messages_api import FakeMessagesAPI, count_tokens, prompt_blocks  # noqa: E402
 
 from labrun.journal import Conversation, ReplyRecord  # noqa: E402
@@ -385,6 +385,7 @@ def test_kill_9_between_a_reply_and_its_tool_result_answers_it_as_interrupted(tm
     wait_for(attempt, what="the experiment attempt to start")
     kill(proc)
     pgid = attempt_group(ws)
+    kill_attempt_supervisor(ws)  # the attempt outlives the engine, not its supervisor (as after a reboot)
     assert "- Status: RUNNING" in (ws / "STATE.md").read_text()
     (reply,) = replies(ws, "experiments")  # saved, its tool call never answered
     (call,) = reply.tool_uses()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from support import attempt_group, DEMO_IDEA, group_alive, start_labrun, wait_for
+from support import attempt_group, DEMO_IDEA, group_alive, kill_attempt_supervisor, start_labrun, wait_for
 from web_host import serving
 from labrun.sandbox import bubblewrap
 
@@ -111,10 +111,10 @@ def test_kill_9_in_each_new_phase_then_resume_and_a_fresh_run_finds_nothing_to_d
         pgid = attempt_group(ws)
     kill(proc)
     assert runs(ws)["resources"] == 2 and runs(ws)["documentation"] == 1
-    if pgid and bubblewrap():  # the sandbox dies with the engine (--die-with-parent)
-        wait_for(lambda: not group_alive(pgid), timeout=10, what="the latexmk attempt to die with the engine")
-    elif pgid:
-        assert group_alive(pgid)  # unsandboxed, the command outlives the engine
+    if pgid:  # the attempt outlives the engine, not its supervisor (killed here, as a reboot would)
+        kill_attempt_supervisor(ws)
+    if pgid and bubblewrap():  # the sandbox dies with its supervisor (its lifeline)
+        wait_for(lambda: not group_alive(pgid), timeout=10, what="the latexmk attempt to die with its supervisor")
 
     result = cli("resume", str(ws))
     assert result.returncode == 0, result.stderr

@@ -13,7 +13,7 @@ import signal
 import shutil
 from pathlib import Path
 
-from support import attempt_group, DEMO_IDEA, group_alive, labrun, start_labrun, wait_for
+from support import attempt_group, DEMO_IDEA, group_alive, kill_attempt_supervisor, labrun, start_labrun, wait_for
 from labrun.agents import scripted
 from labrun.sandbox import bubblewrap
 from labrun.journal import Conversation, ReplyRecord, ToolResultRecord, UserRecord
@@ -187,10 +187,10 @@ def test_kill_9_mid_attempt_marks_it_interrupted_and_kills_its_processes(tmp_pat
     wait_for(lambda: attempt_group(ws), what="the attempt's pgid")
     _kill(proc)
     pgid = attempt_group(ws)
-    if bubblewrap():  # the sandbox dies with the engine (--die-with-parent)
-        wait_for(lambda: not group_alive(pgid), timeout=10, what="the attempt's command to die with the engine")
-    else:
-        assert group_alive(pgid)  # unsandboxed, the command outlives the engine
+    assert group_alive(pgid)  # the attempt outlives the engine (tests/test_outlive.py)...
+    kill_attempt_supervisor(ws)  # ...but not its supervisor, as a reboot would end it
+    if bubblewrap():  # the sandbox dies with its supervisor (its lifeline)
+        wait_for(lambda: not group_alive(pgid), timeout=10, what="the attempt's command to die with its supervisor")
     assert "- Status: RUNNING" in (ws / "STATE.md").read_text()
 
     result = cli("resume", str(ws))

@@ -12,7 +12,7 @@ the offline stand-in", and REPORT.md opens by saying that no research was done.
 
 Because it goes through the same turn loop, tools and journal as a real model, it is also
 the fault injector for tests: `LABRUN_SCRIPTED_FAULTS` names turns at which it raises,
-hangs, or hangs inside an experiment attempt, each once per workspace.
+hangs, or hangs or lingers inside an experiment attempt (`ATTEMPT_FAULTS`), each once per workspace.
 """
 
 from __future__ import annotations
@@ -331,6 +331,8 @@ RUN = {"id": "R1", "purpose": "RMSE per k and the log-log slope for both noises,
        "seed 0 to check that the table reproduces", "conditions": "mean of k draws around a true value of 1.0, "
        "k = 1..256, 1000 trials per k, Gaussian and uniform noise of sigma 0.5; the slope passes within -0.5 ± 0.05", "seeds": [0],
        "criteria": ["C1", "C2", "C3"]}
+SLOW_ATTEMPT_STARTS = "attempt-starts.txt"
+SLOW_ATTEMPT_S = 4
 ANALYSIS_OUTPUTS = ("results/analysis.md", "results/rmse_vs_k.svg")
 COMMAND = ("python3 src/experiment.py --seed 0 && python3 src/experiment.py --seed 0 --out results/rerun"
            " && cmp results/rmse_by_k.csv results/rerun/rmse_by_k.csv")
@@ -342,7 +344,7 @@ ATTEMPT = {"command": COMMAND, "run_id": "R1", "purpose": "RMSE per k and the lo
 def _attempts(system: str) -> list[tuple[int, str]]:
     """(number, status) of each attempt of run R1 (its simulation, not the analysis's), from
     the STATE digest in the prompt."""
-    found = re.findall(r"^- #(\d+) \**(FAILED|SUCCESS|INTERRUPTED|RUNNING)\**[^`\n]*`python3 src/experiment\.py",
+    found = re.findall(r"^- #(\d+) \**(FAILED|SUCCESS|INTERRUPTED|RUNNING)\**[^`\n]*`(?:[^`\n]*&& )?python3 src/experiment\.py",
                        system, flags=re.M)
     return [(int(n), status) for n, status in found]
 
@@ -441,14 +443,15 @@ SCRIPT: dict[str, list[Step]] = {
 
 
 def _step(messages: list[dict]) -> int:
-    """Which step comes next: a turn whose tool call a crash cut off is done again, as an
-    agent would after checking the workspace."""
+    """Which step comes next: a turn whose tool call a crash cut off, or whose attempt was
+    INTERRUPTED, is done again, as an agent would after checking the workspace."""
     done = 0
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
         answer = messages[i + 1]["content"] if i + 1 < len(messages) else []
-        cut_off = any(b.get("type") == "tool_result" and b.get("is_error") and "cut off" in str(b.get("content"))
+        cut_off = any(b.get("type") == "tool_result" and ((b.get("is_error") and "cut off" in str(b.get("content")))
+                                                          or re.match(r"Attempt \d+: INTERRUPTED", str(b.get("content"))))
                       for b in answer)
         done += not cut_off
     return done
@@ -465,6 +468,12 @@ def phase_of(system: str) -> str:
 def make(model: str | None, workspace: str | Path | None) -> ScriptedModel:
     """The registry's factory: the scripted agent plays no model, so `model` is not used."""
     return ScriptedModel(workspace)
+
+
+ATTEMPT_FAULTS = {"hang-attempt": "sleep 600",
+                  "slow-attempt": f"echo started >> {SLOW_ATTEMPT_STARTS} && sleep {SLOW_ATTEMPT_S}"}
+"""Faults inside an attempt, put before its command: one that hangs, and one that runs a few
+seconds longer, noting each start of its command in a file of the workspace's."""
 
 
 class ScriptedModel:
@@ -490,11 +499,12 @@ class ScriptedModel:
         calls = steps[min(_step(request.messages), len(steps) - 1)](request)
         content: list[dict] = [{"type": "text", "text": f"[scripted agent] {phase}, step {turn}."}]
         for i, (name, inp) in enumerate(calls):
-            if self._fault_for(phase, turn) == "hang-attempt" and name == "run_experiment" and self.faults_dir:
+            fault = self._fault_for(phase, turn)
+            if fault in ATTEMPT_FAULTS and name == "run_experiment" and self.faults_dir:
                 # The engine marks the fault reached (the command cannot write .labrun/).
                 self.faults_dir.mkdir(parents=True, exist_ok=True)
                 (self.faults_dir / f"{phase}-{turn}.reached").touch()
-                inp = {**inp, "command": f"sleep 600 && {inp['command']}"}
+                inp = {**inp, "command": f"{ATTEMPT_FAULTS[fault]} && {inp['command']}"}
             content.append({"type": "tool_use", "id": f"toolu_{phase}_{turn}_{i}", "name": name, "input": inp})
         prompt_chars = len(request.system) + len(json.dumps(request.messages))
         usage = Usage(input_tokens=prompt_chars // 4, output_tokens=len(json.dumps(content)) // 4)
@@ -517,7 +527,7 @@ class ScriptedModel:
 
     def _inject(self, phase: str, turn: int) -> None:
         kind = self._fault_for(phase, turn)
-        if kind is None or self.faults_dir is None or kind == "hang-attempt":
+        if kind is None or self.faults_dir is None or kind in ATTEMPT_FAULTS:
             return
         marker = self.faults_dir / f"{phase}-{turn}.reached"
         if marker.exists():
