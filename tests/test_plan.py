@@ -231,7 +231,7 @@ def test_status_json_shows_the_plan_and_each_attempts_run(session, prefect_api):
         {"path": "figures/slopes.png", "exists": False, "deviation": None}]
     text = labrun("status", str(session.ws.root))
     assert "run list: 1 of 3 done, 0 set aside, 2 open" in text.stdout
-    assert "C3 Results reproducible from the fixed seed — not judged yet" in text.stdout
+    assert "C3 Results reproducible from the fixed seed — not judged" in text.stdout
 
 
 def test_a_rerun_forgets_what_the_replaced_phases_gave():
