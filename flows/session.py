@@ -106,7 +106,7 @@ def research_session(**params: Any) -> State:
         _record_interruption(session, str(e) or "Ctrl-C (SIGINT)")
         raise
     except TerminationSignal:  # Prefect's own SIGTERM handler during a flow run
-        _record_interruption(session, "SIGTERM")
+        _record_interruption(session, _termination_reason())
         raise
     finally:
         artifacts.close()
@@ -236,6 +236,19 @@ def _record_interruption(session: Session, reason: str) -> None:
     number, phase = running[0]
     session.store.set_phase(phase.key, "INTERRUPTED", f"phase {number} {phase.key} interrupted by {reason}; {hint}",
                             f"interrupted by {reason}")
+
+
+CANCELLED = "a cancellation of its flow run in Prefect (the UI's Cancel)"
+
+
+def _termination_reason() -> str:
+    """What Prefect's SIGTERM stands for: a worker stopping a cancelled run tells the run's
+    process so before it signals it (Prefect's attempt control channel); else a SIGTERM."""
+    try:
+        from prefect._internal.control_listener import get_intent
+    except ImportError:  # a Prefect without that channel: a cancellation reads as SIGTERM
+        return "SIGTERM"
+    return CANCELLED if get_intent() == "cancel" else "SIGTERM"
 
 
 def _flow_run_id() -> str | None:
