@@ -144,12 +144,13 @@ def test_an_interrupted_run_stops_cleanly_and_resumes_with_nothing_redone(point,
         assert replies(ws, phase) == SCRIPT_TURNS[phase], phase
 
 
-def test_a_ctrl_c_during_the_engines_rerun_stops_its_sandbox_and_the_resume_reruns_it(
-        tmp_path, own_api_env, prefect_api, cli, monkeypatch):
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_an_interrupt_during_the_engines_rerun_stops_its_sandbox_and_the_resume_reruns_it(
+        how, tmp_path, own_api_env, prefect_api, cli, monkeypatch):
     """Once the experiments are complete the engine reruns the attempt behind the claims
-    (phases/reproduction.py), in a sandbox of its own; that rerun hangs. A Ctrl-C stops the
-    session in seconds and the rerun with it; the resume reruns it from a fresh copy and
-    completes, with nothing finished asked again."""
+    (phases/reproduction.py), in a sandbox of its own; that rerun hangs. A Ctrl-C or a
+    SIGTERM stops the session in seconds and the rerun with it; the resume reruns it from a
+    fresh copy and completes, with nothing finished asked again."""
     ws = tmp_path / "ws"
     env = {**own_api_env, "LABRUN_SCRIPTED_FAULTS": "hang-rerun@experiments:3", RERUN_HANGS: "1"}
     term = Terminal("run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted", env=env)
@@ -160,11 +161,11 @@ def test_a_ctrl_c_during_the_engines_rerun_stops_its_sandbox_and_the_resume_reru
         wait_for(lambda: any("sleep" in _cmd(p) for p in term.watch()), what="the rerun's command")
         term.watch()
         started = time.monotonic()
-        term.ctrl_c()
+        interrupt(how, term)
         code = term.wait(timeout=30)
         took = time.monotonic() - started
         out = term.output
-        assert code == 130, out
+        assert code == SIGNALS[how], out
         assert took < 5, f"{took:.1f} s to stop:\n{out}"
         assert "Traceback" not in out and "ERROR" not in out, out
         assert not term.survivors(), f"processes outlived labrun:\n{term.survivors()}\n{out}"
@@ -172,7 +173,7 @@ def test_a_ctrl_c_during_the_engines_rerun_stops_its_sandbox_and_the_resume_reru
         term.close()
     assert f"interrupted; resume with: labrun resume {ws}" in " ".join(out.split()), out
     state_md = (ws / "STATE.md").read_text()
-    assert "phase 4 experiments interrupted by Ctrl-C (SIGINT)" in state_md
+    assert f"phase 4 experiments interrupted by {REASON[how]}" in state_md
     assert phase_table(state_md)["experiments"] == "INTERRUPTED"
     assert "REPRODUCED" not in state_md and "DIVERGED" not in state_md
 
