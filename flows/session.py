@@ -107,7 +107,7 @@ def research_session(**params: Any) -> State:
         _record_interruption(session, str(e) or "Ctrl-C (SIGINT)")
         raise
     except TerminationSignal:  # Prefect's own SIGTERM handler during a flow run
-        _record_interruption(session, "SIGTERM")
+        _record_interruption(session, _termination_reason())
         raise
     except Pause as e:  # suspended: by its review gate (recorded there), or from the Prefect UI
         if session.state.awaiting_review is None:
@@ -267,6 +267,19 @@ def _record_suspension(session: Session, pause: Pause) -> None:
         run.resume_by = utc(timeout) if timeout else None
         session.store.event(f"flow run {run.name} suspended from the Prefect UI at {run.suspended_at}; "
                             "stopped before its next step, to go on when the run is resumed or retried")
+
+
+CANCELLED = "a cancellation of its flow run in Prefect (the UI's Cancel)"
+
+
+def _termination_reason() -> str:
+    """What Prefect's SIGTERM stands for: a worker stopping a cancelled run tells the run's
+    process so before it signals it (Prefect's attempt control channel); else a SIGTERM."""
+    try:
+        from prefect._internal.control_listener import get_intent
+    except ImportError:  # a Prefect without that channel: a cancellation reads as SIGTERM
+        return "SIGTERM"
+    return CANCELLED if get_intent() == "cancel" else "SIGTERM"
 
 
 def _flow_run_id() -> str | None:

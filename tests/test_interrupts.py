@@ -1,7 +1,8 @@
 """Interrupting a real `labrun run` as a person does: Ctrl-C typed in its terminal (SIGINT to
 the whole foreground process group), SIGINT or SIGTERM sent to the labrun process alone, its
 terminal closed (SIGHUP), its output piped into a reader that goes (`| head -5`); at a
-model call, in an experiment attempt, and while the Prefect API starts.
+model call, in an experiment attempt, in the engine's rerun of one (reproduction), and while
+the Prefect API starts.
 
 Each run starts its own Prefect API (no PREFECT_API_URL), as a new user's does, and that
 API lives as long as the run. After each interruption: the exit code, the message, no process
@@ -22,6 +23,7 @@ import pytest
 
 from support import DEMO_IDEA, alive, attempt_group, on_prefect_home, wait_for
 from terminal import Terminal
+from labrun.agents.scripted import RERUN_HANGS
 from labrun.journal import Conversation, ReplyRecord
 from labrun.state import phase_table
 from labrun.status import session_status
@@ -140,6 +142,53 @@ def test_an_interrupted_run_stops_cleanly_and_resumes_with_nothing_redone(point,
         assert replies(ws, "experiments") == SCRIPT_TURNS["experiments"] + 1
     for phase in ("planning", "setup", "implementation", "analysis", "documentation"):
         assert replies(ws, phase) == SCRIPT_TURNS[phase], phase
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_an_interrupt_during_the_engines_rerun_stops_its_sandbox_and_the_resume_reruns_it(
+        how, tmp_path, own_api_env, prefect_api, cli, monkeypatch):
+    """Once the experiments are complete the engine reruns the attempt behind the claims
+    (phases/reproduction.py), in a sandbox of its own; that rerun hangs. A Ctrl-C or a
+    SIGTERM stops the session in seconds and the rerun with it; the resume reruns it from a
+    fresh copy and completes, with nothing finished asked again."""
+    ws = tmp_path / "ws"
+    env = {**own_api_env, "LABRUN_SCRIPTED_FAULTS": "hang-rerun@experiments:3", RERUN_HANGS: "1"}
+    term = Terminal("run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted", env=env)
+    rerun = ws / ".labrun" / "reproductions" / "attempt-002"
+    try:
+        wait_for(lambda: term.watch() is not None and (rerun / "group.json").exists(), timeout=180,
+                 what=f"the engine's rerun of attempt 2:\n{term.output[-2000:]}")
+        wait_for(lambda: any("sleep" in _cmd(p) for p in term.watch()), what="the rerun's command")
+        term.watch()
+        started = time.monotonic()
+        interrupt(how, term)
+        code = term.wait(timeout=30)
+        took = time.monotonic() - started
+        out = term.output
+        assert code == SIGNALS[how], out
+        assert took < 5, f"{took:.1f} s to stop:\n{out}"
+        assert "Traceback" not in out and "ERROR" not in out, out
+        assert not term.survivors(), f"processes outlived labrun:\n{term.survivors()}\n{out}"
+    finally:
+        term.close()
+    assert f"interrupted; resume with: labrun resume {ws}" in " ".join(out.split()), out
+    state_md = (ws / "STATE.md").read_text()
+    assert f"phase 4 experiments interrupted by {REASON[how]}" in state_md
+    assert phase_table(state_md)["experiments"] == "INTERRUPTED"
+    assert "REPRODUCED" not in state_md and "DIVERGED" not in state_md
+
+    monkeypatch.delenv("LABRUN_SCRIPTED_FAULTS", raising=False)
+    asked = replies(ws, "experiments")
+    resumed = cli("resume", str(ws))  # on the shared test API, without RERUN_HANGS
+    assert resumed.returncode == 0, resumed.stderr
+    report = session_status(ws)
+    assert report["session"]["complete"]
+    assert replies(ws, "experiments") == asked, "the agent was asked about the experiments again"
+    assert {p["key"]: p["runs"] for p in report["phases"]} == {
+        "planning": 1, "setup": 1, "implementation": 1, "experiments": 2, "analysis": 1, "documentation": 1}
+    assert [(a["n"], a["status"], (a["reproduction"] or {}).get("status")) for a in report["attempts"]] == [
+        (1, "FAILED", None), (2, "SUCCESS", "REPRODUCED"), (3, "SUCCESS", None)]
+    assert (ws / "STATE.md").read_text().count("attempt 2 REPRODUCED by the engine's rerun") == 1
 
 
 def test_a_first_run_on_a_new_prefect_home_says_what_it_waits_for(tmp_path, own_api_env):

@@ -124,3 +124,14 @@ def submit_run(idea, workspace, job_variables=None, **params):
 
     return submit_session(RunParams(idea_path=str(idea), workspace=str(workspace), **params),
                           job_variables=job_variables)
+
+
+def cancel_like_the_ui(flow_run_id, ui: str = "v2"):
+    """What the Cancel button of Prefect's UI does: the flow run goes to Cancelling (V2
+    forces it, V1 does not); its worker then stops the run's process and marks it Cancelled."""
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import State
+
+    with client() as c:
+        return c.set_flow_run_state(flow_run_id, State(type=StateType.CANCELLING, name="Cancelling"),
+                                    force=(ui == "v2"))

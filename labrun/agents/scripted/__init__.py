@@ -12,7 +12,8 @@ the offline stand-in", and REPORT.md opens by saying that no research was done.
 
 Because it goes through the same turn loop, tools and journal as a real model, it is also
 the fault injector for tests: `LABRUN_SCRIPTED_FAULTS` names turns at which it raises,
-hangs, or hangs or lingers inside an experiment attempt (`ATTEMPT_FAULTS`), each once per workspace.
+hangs, or hangs or lingers inside an experiment attempt (`ATTEMPT_FAULTS`), each once per workspace,
+or makes the engine's rerun of an attempt hang (`hang-rerun`, while `RERUN_HANGS` is in the environment).
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ print("TEX " + (shutil.which("latexmk") if shutil.which("latexmk") and shutil.wh
 EOF"""
 
 
+RERUN_HANGS = "SCRIPTED_RERUN_HANGS"
+"""Set in the environment, the engine's rerun of an attempt asked with a `hang-rerun` fault sleeps."""
 DEMO_TITLE = "Averaging noisy measurements: does RMSE fall as 1/sqrt(k)?"
 NOT_EVALUATED = "not evaluated by the offline stand-in"
 
@@ -505,6 +508,11 @@ class ScriptedModel:
                 self.faults_dir.mkdir(parents=True, exist_ok=True)
                 (self.faults_dir / f"{phase}-{turn}.reached").touch()
                 inp = {**inp, "command": f"{ATTEMPT_FAULTS[fault]} && {inp['command']}"}
+            elif fault == "hang-rerun" and name == "run_experiment":
+                # Only the engine's rerun sleeps (its copy of the workspace has no state.json
+                # in .labrun/), and only while RERUN_HANGS is set: the rerun a resume does finishes.
+                inp = {**inp, "command": f'{{ [ -e .labrun/state.json ] || [ -z "${{{RERUN_HANGS}:-}}" ] || sleep 600; }} '
+                                         f"&& {inp['command']}"}
             content.append({"type": "tool_use", "id": f"toolu_{phase}_{turn}_{i}", "name": name, "input": inp})
         prompt_chars = len(request.system) + len(json.dumps(request.messages))
         usage = Usage(input_tokens=prompt_chars // 4, output_tokens=len(json.dumps(content)) // 4)
@@ -527,7 +535,7 @@ class ScriptedModel:
 
     def _inject(self, phase: str, turn: int) -> None:
         kind = self._fault_for(phase, turn)
-        if kind is None or self.faults_dir is None or kind in ATTEMPT_FAULTS:
+        if kind is None or self.faults_dir is None or kind in ATTEMPT_FAULTS or kind == "hang-rerun":
             return
         marker = self.faults_dir / f"{phase}-{turn}.reached"
         if marker.exists():
