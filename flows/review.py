@@ -1,5 +1,7 @@
 """A review's Prefect side (`labrun.review` has the rest): the Resume form, and the gate
-after a reviewed phase, which suspends a deployment run until the decision comes."""
+after a reviewed phase, which suspends a deployment run until the decision comes. The form
+shows what the reviewer reads (the plan's text, the analysis), cut to FORM_CHARS; the whole is
+the session's `-review` artifact, linked from the form."""
 
 from __future__ import annotations
 
@@ -11,10 +13,13 @@ from prefect.flow_runs import suspend_flow_run
 from prefect.input import RunInput
 from pydantic import Field, ValidationError
 
-from labrun.review import RESULTS, GateResult, apply, description, record, review_round
+from labrun.artifacts import artifact_key, artifact_url, publish_markdown
+from labrun.review import RESULTS, GateResult, apply, description, excerpt, reading, record, review_round
 from labrun.state import Review, ReviewDecision
 
 UI_REVIEWER = "the Prefect UI"
+FORM_CHARS = 6000
+"""Of what the reviewer reads, the Resume form shows this much; the artifact holds the whole."""
 
 
 class ReviewInput(RunInput):
@@ -59,7 +64,7 @@ def _wait_on_worker(session, review: Review) -> ReviewInput | None:
     """Suspend this deployment run until the review comes (this process then exits); on the
     run that the Resume starts, the same suspension returns the decision. A run started again
     any other way (a Retry pressed meanwhile) finds none, and suspends anew."""
-    form = ReviewInput.with_initial_data(description=description(session.state, session.ws.root, review))
+    form = ReviewInput.with_initial_data(description=form_description(session.state, session.ws.root, review))
     run = str(FlowRunContext.get().flow_run.id)
     while True:
         if review.pause_key is None or review.flow_run != run:  # this run's own suspension
@@ -71,3 +76,22 @@ def _wait_on_worker(session, review: Review) -> ReviewInput | None:
         except ValidationError:  # resumed without a decision: not by a Resume
             logging.getLogger("labrun").info("phase %s still awaits review; suspending again", review.phase)
             review.pause_key = None
+
+
+def form_description(state, root, review: Review) -> str:
+    """The Resume form's Markdown: the review's summary (`labrun.review.description`), then
+    what the phase wrote for the reviewer, cut to FORM_CHARS with a link to the whole."""
+    head = description(state, root, review)
+    text = reading(root, review.phase)
+    if not text:
+        return head
+    published = publish_markdown(state.title, state.session_id, "review", text,
+                                 f"What the reviewer of phase {review.phase} reads (round {review.round}): "
+                                 f"session {state.session_id}")
+    shown, cut = excerpt(text, FORM_CHARS)
+    key = artifact_key(state.title, state.session_id, "review")
+    url = artifact_url(published) if published else None
+    whole = (f"[the artifact {key}]({url}), on the run's Artifacts tab" if url else
+             f"the artifact {key}, on the run's Artifacts tab" if published else "in the workspace, in the files named above")
+    tail = f"\n\n**{cut} more lines:** the whole text is {whole}." if cut else ""
+    return f"{head}\n\n---\n\n{shown}{tail}"

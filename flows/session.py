@@ -62,8 +62,8 @@ def _run_name() -> str:
     queue` names them, so that the UI lists a session's runs together."""
     from prefect.runtime import flow_run
 
-    workspace = flow_run.parameters.get("workspace")
-    return session_run_name(workspace) if workspace else "research-session"
+    workspace = flow_run.parameters.get("workspace")  # checked after the name is given
+    return session_run_name(workspace) if isinstance(workspace, str) and workspace else "research-session"
 
 
 class SessionStopped(Exception):
@@ -76,13 +76,14 @@ def research_session(**params: Any) -> State:
     """A research session: a new one from `idea_path` in `workspace`, or the one there resumed
     (a retry of a run continues the branch it started). The run's result is a dict (complete,
     awaiting_review, stopped_by_review); its state's message says how the session came out."""
-    run = RunParams(**params)
-    workspace, from_phase = run.workspace, run.from_phase
-    if not workspace:
+    # Without one the parameter holds its `Field` (`flow_parameters`), or is absent.
+    if not isinstance(params.get("workspace"), str) or not params["workspace"]:
         raise SessionStopped(
             "this run names no workspace: give the parameters workspace (and idea_path for a new session); "
             "a schedule made with `prefect deployment schedule create` passes none (see docs/server-mode.md, "
             "Scheduling a session)")
+    run = RunParams(**params)
+    workspace, from_phase = run.workspace, run.from_phase
     if not from_phase and (reason := nothing_to_do(Path(workspace), run.idea_path)):
         get_run_logger().info("%s: %s; nothing to do", workspace, reason)
         return _ended(Path(workspace), {"complete": True}, f"nothing to do: {reason}")

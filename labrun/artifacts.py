@@ -1,22 +1,33 @@
 """What the Prefect UI shows of a session: STATE.md, the attempts, the progress across its
-phases, tokens and cost, and its verdict, as artifacts of the session's flow run.
+phases, tokens and cost, its verdict, REPORT.md and its figures, as artifacts of the session's
+flow run (and, while a phase awaits review, what the reviewer reads: `publish_markdown`).
 
 Each artifact has a fixed key per session (`labrun-<idea's title>-<session id>-state`, `-attempts`,
-`-progress`, `-usage`, `-verdict`), so the UI's Artifacts page keeps a version per run of the session
-(a resume, a retry from the UI); within a run that version is updated in place.
+`-progress`, `-usage`, `-verdict`, `-report`, `-figures`, `-review`), and a flow run has one
+version of each, updated in place: a retry of the run, or its resume after a review, updates
+the version the run made before (`publish`), so the run's Artifacts tab shows each once. Another
+flow run of the session (a `labrun resume` in a terminal) makes a version of its own; the UI's
+Artifacts page shows the latest.
+
+Figures are the images the session's phases wrote (PNG, JPEG, GIF, WebP, SVG), embedded as
+`data:` URIs, which the UI's Markdown shows (a path in the workspace means nothing to a browser).
 
 Publishing costs the engine nothing: a background thread follows state.json, whichever
 process saves it (the engine's, or its phase task's wherever that runs), reads the
-session's files (state.json and STATE.md are written atomically, journals are append-only)
-and sends what changed, at most once per interval, and once more when the run ends. A server that does not answer never stops a session: the
-artifacts just stop updating, with a warning in the log. Every string is redacted.
+session's files (state.json and STATE.md are written atomically, journals are append-only;
+the agent's files through `labrun.wsfs`, no link followed) and sends what changed, at most
+once per interval, and once more when the run ends. A server that does not answer never stops
+a session: the artifacts just stop updating, with a warning in the log. Every string is redacted.
 """
 
 from __future__ import annotations
 
+import base64
 import contextvars
 import logging
+import re
 import threading
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -26,6 +37,7 @@ from labrun.session import Session
 from labrun.settings import settings
 from labrun.state import state_md_text
 from labrun.status import session_status
+from labrun.wsfs import Beneath, Refused
 
 log = logging.getLogger("labrun")
 
@@ -34,6 +46,15 @@ ATTEMPT_COLUMNS = ("attempt", "phase", "status", "command", "exit code", "durati
                    "error", "fix applied", "metrics", "engine's rerun")
 USAGE_COLUMNS = ("phase", "status", "runs", "input", "output", "cache read", "cache write", "USD")
 """Short headings (tokens, but for the cost), so that the table fits the UI's width."""
+FIGURE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif",
+                ".webp": "image/webp", ".svg": "image/svg+xml"}
+"""The images a browser shows from a `data:` URI, by suffix."""
+FIGURE_BYTES = 1 << 20
+"""A figure larger than this is named, not shown: the artifact travels whole at each update."""
+FIGURES_BYTES = 4 << 20
+REPORT_BYTES = 1 << 20
+LOCAL_IMAGE = re.compile(r"!\[([^\]]*)\]\((?!https?:|data:)([^)\s]+)[^)]*\)")
+"""An image of a Markdown text linked by its path in the workspace."""
 
 
 def artifact_key(title: str, session_id: str, kind: str) -> str:
@@ -97,6 +118,61 @@ def verdict_markdown(report: dict[str, Any]) -> str:
         lines += [f"| {_md(c['id'])}: {_md(c['statement'])} | {_md(c['metric'])} = {_md(c['value'])} "
                   f"| {_md(c['standing'])} |" for c in v["claims"]]
     return "\n".join(lines) + "\n"
+
+
+def read_agent_text(root: Path, rel: str, limit: int = REPORT_BYTES) -> str | None:
+    """A file the agent wrote, as the workspace holds it (no link followed), redacted; one
+    line in italics when it cannot be read; None when it is not there."""
+    try:
+        return redact(Beneath(root).read_text(rel, errors="replace", limit=limit))
+    except FileNotFoundError:
+        return None
+    except (Refused, OSError) as e:
+        return f"*{_md(e)}*"
+
+
+def report_markdown(root: Path) -> str:
+    """REPORT.md, the engine's results section in it; an image it links by its path in the
+    workspace is named instead (the figures artifact shows it)."""
+    text = read_agent_text(root, "REPORT.md")
+    if text is None:
+        return "*No REPORT.md yet: the documentation phase writes it.*\n"
+    return LOCAL_IMAGE.sub(lambda m: f"*(figure `{m[2]}`: in the session's figures artifact)*", text)
+
+
+def figures(ws, phases) -> list[str]:
+    """The images the session's phases wrote, in phase order."""
+    found: dict[str, None] = {}
+    for phase in phases:
+        for rel in (ws.manifest(phase.key) or {}).get("files", {}):
+            if Path(rel).suffix.lower() in FIGURE_TYPES:
+                found[rel] = None
+    return list(found)
+
+
+def figures_markdown(root: Path, paths: list[str]) -> str:
+    """Each figure under its path, shown from a `data:` URI (the UI's Markdown shows those;
+    an image is only ever linked by URL), while they fit FIGURES_BYTES."""
+    if not paths:
+        return "*No figures yet: the images the phases write (PNG, JPEG, GIF, WebP, SVG) show here.*\n"
+    parts, left = [], FIGURES_BYTES
+    for rel in paths:
+        try:
+            data = Beneath(root).read_bytes(rel, FIGURE_BYTES)
+        except FileNotFoundError:
+            parts.append(f"- `{_md(rel)}`: no longer in the workspace")
+            continue
+        except (Refused, OSError) as e:
+            parts.append(f"- `{_md(rel)}`: not shown: {_md(e)}")
+            continue
+        if len(data) > left:
+            parts.append(f"- `{_md(rel)}`: not shown: the figures above take what an artifact holds; "
+                         "it is in the workspace")
+            continue
+        left -= len(data)
+        uri = f"data:{FIGURE_TYPES[Path(rel).suffix.lower()]};base64,{base64.b64encode(data).decode()}"
+        parts.append(f"### {_md(rel)}\n\n![{_md(rel).replace(']', '')}]({uri})\n")
+    return "\n".join(parts) + "\n"
 
 
 def progress(report: dict[str, Any]) -> float:
@@ -180,33 +256,37 @@ class SessionArtifacts:
             "progress": progress(report),
             "usage": usage_table(report),
             "verdict": verdict_markdown(report),
+            "report": report_markdown(self.ws.root),
+            "figures": figures_markdown(self.ws.root, figures(self.ws, self.session.phases)),
         }
+
+    def _artifact(self, kind: str, value: Any):
+        from prefect.artifacts import MarkdownArtifact, ProgressArtifact, TableArtifact
+
+        sid, title = self.session_id, redact(self.title)
+        made = {
+            "state": (MarkdownArtifact, "markdown", f"STATE.md of the labrun session {sid}: {title}"),
+            "progress": (ProgressArtifact, "progress", f"Phases done, of {len(self.session.phases)}: session {sid}"),
+            "attempts": (TableArtifact, "table", f"Experiment attempts of session {sid}"),
+            "usage": (TableArtifact, "table", f"Tokens and cost per phase of session {sid}"),
+            "verdict": (MarkdownArtifact, "markdown", f"Criteria met and results reproduced: session {sid}: {title}"),
+            "report": (MarkdownArtifact, "markdown", f"REPORT.md of session {sid}, with the engine's results section: {title}"),
+            "figures": (MarkdownArtifact, "markdown", f"The figures the phases of session {sid} wrote: {title}"),
+        }
+        cls, field, description = made[kind]
+        return cls(key=artifact_key(self.title, sid, kind), description=description, **{field: value})
 
     def _create(self) -> None:
-        from prefect.artifacts import (
-            create_markdown_artifact,
-            create_progress_artifact,
-            create_table_artifact,
-        )
+        from prefect.client.orchestration import get_client
 
         views = self.views()
-        title = redact(self.title)
-        sid = self.session_id
-        made = {
-            "state": (create_markdown_artifact, f"STATE.md of the labrun session {sid}: {title}"),
-            "progress": (create_progress_artifact, f"Phases done, of {len(self.session.phases)}: session {sid}"),
-            "attempts": (create_table_artifact, f"Experiment attempts of session {sid}"),
-            "usage": (create_table_artifact, f"Tokens and cost per phase of session {sid}"),
-            "verdict": (create_markdown_artifact, f"Criteria met and results reproduced: session {sid}: {title}"),
-        }
-        with self._send_lock:
-            for kind, (create, description) in made.items():
-                self.ids[kind] = create(views[kind], key=artifact_key(title, sid, kind), description=description)
+        with self._send_lock, get_client(sync_client=True) as client:
+            for kind, value in views.items():
+                self.ids[kind] = publish(client, self._artifact(kind, value))
             self.sent = views
             self.publishes += 1
 
     def _update(self) -> None:
-        from prefect.artifacts import MarkdownArtifact, ProgressArtifact, TableArtifact
         from prefect.client.orchestration import get_client
         from prefect.client.schemas.actions import ArtifactUpdate
 
@@ -214,16 +294,9 @@ class SessionArtifacts:
         changed = {k: v for k, v in views.items() if self.sent.get(k) != v}
         if not changed:
             return
-        formats = {
-            "state": lambda v: MarkdownArtifact(markdown=v).format(),
-            "progress": lambda v: ProgressArtifact(progress=v).format(),
-            "attempts": lambda v: TableArtifact(table=v).format(),
-            "usage": lambda v: TableArtifact(table=v).format(),
-            "verdict": lambda v: MarkdownArtifact(markdown=v).format(),
-        }
         with self._send_lock, get_client(sync_client=True) as client:
             for kind, value in changed.items():
-                client.update_artifact(self.ids[kind], ArtifactUpdate(data=formats[kind](value)))
+                client.update_artifact(self.ids[kind], ArtifactUpdate(data=self._artifact(kind, value).format()))
                 self.sent[kind] = value
             self.publishes += 1
 
@@ -231,3 +304,52 @@ class SessionArtifacts:
         self._broken = True
         log.warning("the Prefect UI's artifacts of session %s stopped updating: %s",
                     self.session_id, redact(str(error).splitlines()[0] if str(error) else type(error).__name__))
+
+
+def publish(client, artifact) -> UUID:
+    """`artifact` (a `prefect.artifacts.Artifact` with its key) in this flow run, once: the
+    version the run made before (a retry, or the resume after a review, runs the same flow
+    run again) updated in place, else a new one. Prefect's `create_*_artifact` would add a
+    version at every run, each shown on the run's Artifacts tab."""
+    from prefect.client.schemas.actions import ArtifactCreate, ArtifactUpdate
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    run = ctx.flow_run.id if ctx and ctx.flow_run else None
+    data = artifact.format()
+    if run is not None:
+        made = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[artifact.key]),
+                                           flow_run_id=ArtifactFilterFlowRunId(any_=[run])),
+            sort=ArtifactSort.CREATED_DESC, limit=1)
+        if made:
+            client.update_artifact(made[0].id, ArtifactUpdate(data=data, description=artifact.description))
+            return made[0].id
+    return client.create_artifact(ArtifactCreate(type=artifact.type, key=artifact.key, description=artifact.description,
+                                                 flow_run_id=run, data=data)).id
+
+
+def publish_markdown(title: str, session_id: str, kind: str, markdown: str, description: str) -> UUID | None:
+    """One more Markdown artifact of the session in this flow run (`publish`), redacted; None,
+    with a warning, when the server does not take it."""
+    from prefect.artifacts import MarkdownArtifact
+    from prefect.client.orchestration import get_client
+
+    try:
+        with get_client(sync_client=True) as client:
+            return publish(client, MarkdownArtifact(key=artifact_key(title, session_id, kind), markdown=redact(markdown),
+                                                    description=redact(description)))
+    except Exception as e:  # the UI's view is never worth a session
+        log.warning("the Prefect UI's %s artifact of session %s was not published: %s", kind, session_id,
+                    redact(str(e).splitlines()[0] if str(e) else type(e).__name__))
+        return None
+
+
+def artifact_url(artifact_id: UUID) -> str | None:
+    """The artifact's page in the Prefect UI (Prefect's `url_for` knows no artifact)."""
+    from prefect.settings import get_current_settings
+
+    ui = get_current_settings().ui_url
+    return f"{ui.rstrip('/')}/artifacts/artifact/{artifact_id}" if ui else None

@@ -20,8 +20,10 @@ import getpass
 from typing import Any, Literal
 
 from labrun import prompts
+from labrun.artifacts import read_agent_text
 from labrun.crashpoints import crashpoint
 from labrun.journal import Conversation, UserRecord
+from labrun.phase_registry import BY_KEY
 from labrun.state import Review, SessionState, now
 from labrun.workspace import Workspace
 
@@ -75,6 +77,28 @@ def description(state: SessionState, root, review: Review) -> str:
     return prompts.env.get_template("review.md.j2").render(
         review=review, state=state, root=str(root), manifest=_manifest(root, review.phase),
         show_plan=review.phase == "planning", revision=before[-1].text if before else "").strip()
+
+
+def reading(root, phase: str) -> str:
+    """What the phase wrote for the reviewer to read, in Markdown: its Markdown files (its own
+    first: planning.md, REPORT.md), each under its path, as the workspace holds them (no link
+    followed), redacted; empty when it wrote none."""
+    files = list(_manifest(root, phase).get("files", {}))
+    own = [f for f in (BY_KEY[phase].hands_on if phase in BY_KEY else ()) if f in files]
+    texts = [(f, read_agent_text(root, f)) for f in own + [f for f in files if f.endswith(".md") and f not in own]]
+    return "\n\n".join(f"## `{f}`\n\n{text.strip()}" for f, text in texts if text is not None)
+
+
+def excerpt(text: str, chars: int) -> tuple[str, int]:
+    """`text` cut at a line's end within `chars` (a code block left open is closed), and the
+    number of lines cut off."""
+    if len(text) <= chars:
+        return text, 0
+    shown = text[:chars].rsplit("\n", 1)[0]
+    cut = len(text[len(shown):].strip("\n").splitlines())
+    if sum(line.lstrip().startswith("```") for line in shown.splitlines()) % 2:
+        shown += "\n```"
+    return shown, cut
 
 
 def _manifest(root, phase: str) -> dict[str, Any]:

@@ -15,6 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from labrun import suggest
 from labrun.agents.registry import names
+from labrun.phase_registry import BY_KEY, phase_list
+
+# Choices in the UI's form, refused by the server when a run is created: the backends and the
+# phases known at import (one registered later is checked by `_known`, or by the session).
+PHASES = list(phase_list(BY_KEY))
 
 
 class RunParams(BaseModel):
@@ -23,20 +28,17 @@ class RunParams(BaseModel):
     idea_path: str | None = Field(None, description=(
         "The idea file (YAML) of a new session, a path on the worker; leave it out to resume the "
         "session in `workspace`."))
-    workspace: str | None = Field(None, description=(
-        "The session's folder on the worker (required): a new session is made there, an existing "
-        "one resumed."))
+    workspace: str = Field(description=(
+        "The session's folder on the worker: a new session is made there, an existing one resumed."))
     agent: str | None = Field(None, description=(
         "The agent backend; a new session without one gets labrun's default, a resumed one keeps its own."),
-        # A choice in the UI's form, refused by the server when a run is created: the backends
-        # known at import (one registered later is checked by `_known` alone).
         json_schema_extra={"enum": [*names(), None]})
     model: str | None = Field(None, description="The model; else the backend's default, or the session's.")
     budget_usd: float | None = Field(None, ge=0, description=(
         "The agent's own spending limit in US dollars; else the session's, or the idea's "
         "constraints.agent_budget."))
     max_turns: int | None = Field(None, ge=1, description="Turns a phase may take; else each phase's own.")
-    with_phases: list[str] | None = Field(None, description=(
+    with_phases: list[Annotated[str, Field(json_schema_extra={"enum": PHASES})]] | None = Field(None, description=(
         "Optional phases a new session runs too (e.g. resources, paper), besides those its idea asks "
         "for; a session keeps the phases it started with."))
     paper_style: str | None = Field(None, description=(
@@ -45,12 +47,13 @@ class RunParams(BaseModel):
         "False: the agent's commands run without network from now on."))
     from_phase: str | None = Field(None, description=(
         "Start a new branch of the session at this finished phase: the phases before it are reused, "
-        "it and the later ones run again with `agent` and `model` (`labrun rerun`)."))
+        "it and the later ones run again with `agent` and `model` (`labrun rerun`)."),
+        json_schema_extra={"enum": [*PHASES, None]})
     note: str | None = Field(None, description="Why the branch of `from_phase` was started.")
     pass_env: list[str] | None = Field(None, description=(
         "Names of keys (API keys, tokens) the experiments' commands get besides the idea's "
         "constraints.api_keys; their values come from the worker's environment, and a resume adds to them."))
-    review_after: list[str] | None = Field(None, description=(
+    review_after: list[Annotated[str, Field(json_schema_extra={"enum": PHASES})]] | None = Field(None, description=(
         "Phases a person reviews once they complete; a new session takes them, else the idea's "
         "metadata.review_after; a later run's list replaces the session's."))
 
@@ -78,7 +81,10 @@ def session_run_name(workspace: str | os.PathLike[str]) -> str:
 def flow_parameters(*, before: dict[str, tuple[Any, Any, str]] | None = None, only: tuple[str, ...] | None = None):
     """A decorator that gives a flow function `RunParams`' fields (or `only` those) as its
     parameters, after `before` (name → annotation, default, description), and their
-    descriptions in its docstring's Args, where Prefect reads them for the UI's form."""
+    descriptions in its docstring's Args, where Prefect reads them for the UI's form. A
+    required field's default is its `Field`: Prefect's schema then marks it required (and
+    Prefect refuses a run without it), where Python would refuse a parameter without a
+    default after those with one."""
     before = before or {}
     fields = {n: f for n, f in RunParams.model_fields.items() if only is None or n in only}
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
@@ -86,8 +92,8 @@ def flow_parameters(*, before: dict[str, tuple[Any, Any, str]] | None = None, on
     def give(fn):
         fn.__signature__ = inspect.Signature([
             *(inspect.Parameter(n, kind, default=d, annotation=a) for n, (a, d, _) in before.items()),
-            *(inspect.Parameter(n, kind, default=None, annotation=Annotated[f.annotation, f])
-              for n, f in fields.items())])
+            *(inspect.Parameter(n, kind, default=f if f.is_required() else None,
+                                annotation=Annotated[f.annotation, f]) for n, f in fields.items())])
         described = {**{n: d for n, (_, _, d) in before.items()}, **{n: f.description for n, f in fields.items()}}
         fn.__doc__ = (fn.__doc__ or "").rstrip() + "\n\nArgs:\n" + "".join(
             f"    {n}: {d}\n" for n, d in described.items())

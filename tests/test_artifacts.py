@@ -4,6 +4,7 @@ nothing, and that a server that does not answer never stops a session."""
 
 from __future__ import annotations
 
+import base64
 import threading
 import time
 from pathlib import Path
@@ -99,3 +100,50 @@ def test_a_server_that_does_not_answer_never_stops_the_session(session, monkeypa
     publisher.close()
     assert "stopped updating" in caplog.text
     assert "the session goes on" in (session.ws.root / "STATE.md").read_text()
+
+
+def test_a_retried_run_shows_each_artifact_once_with_the_report_and_the_figures(tmp_path, prefect_api, monkeypatch):
+    """A flow run that fails at experiments and is retried (Prefect runs the same flow run
+    again, as the UI's Retry does): each of the session's artifacts is on the run once, the
+    version its first try made, brought up to date."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    from labrun.flows.session import research_session
+    from labrun.status import session_status
+
+    monkeypatch.setenv("LABRUN_SCRIPTED_FAULTS", "raise@experiments:3")
+    ws = tmp_path / "ws"
+    state = research_session.with_options(retries=1, retry_delay_seconds=0)(
+        str(DEMO_IDEA), str(ws), "scripted", return_state=True)
+    assert state.is_completed(), state
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(state.state_details.flow_run_id)
+        made = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
+    assert run.run_count == 2, "the run was not retried"
+    status = session_status(ws)
+    kinds = ("state", "attempts", "progress", "usage", "verdict", "report", "figures")
+    keys = sorted(artifacts.artifact_key(status["idea"]["title"], status["session"]["id"], k) for k in kinds)
+    made = [a for a in made if a.key]  # Prefect's own (a task's result) have none
+    assert sorted(a.key for a in made) == keys
+    by_kind = {a.key.rsplit("-", 1)[1]: a.data for a in made}
+    assert by_kind["state"] == (ws / "STATE.md").read_text() and "Phase 6 — documentation: DONE" in by_kind["state"]
+    report = (ws / "REPORT.md").read_text()
+    assert by_kind["report"] == report and "<!-- labrun:results -->" in report
+    svg = base64.b64encode((ws / "results/rmse_vs_k.svg").read_bytes()).decode()
+    assert f"![results/rmse_vs_k.svg](data:image/svg+xml;base64,{svg})" in by_kind["figures"]
+
+
+def test_report_images_by_path_are_named_and_figures_past_the_limit_are_listed(session):
+    root = session.ws.root
+    (root / "REPORT.md").write_text("# R\n\n![the plot](results/plot.png)\n\n![remote](https://example.org/a.png)\n")
+    assert artifacts.report_markdown(root) == (
+        "# R\n\n*(figure `results/plot.png`: in the session's figures artifact)*\n\n![remote](https://example.org/a.png)\n")
+    (root / "results/big.png").write_bytes(b"\x89PNG" + b"0" * artifacts.FIGURE_BYTES)
+    (root / "results/small.png").write_bytes(b"\x89PNG")
+    (root / "results/link.png").symlink_to("/etc/hostname")
+    shown = artifacts.figures_markdown(root, ["results/big.png", "results/small.png", "results/link.png", "results/gone.png"])
+    assert "- `results/big.png`: not shown: results/big.png holds more than 1,048,576 bytes" in shown
+    assert "![results/small.png](data:image/png;base64,iVBORw==)" in shown
+    assert "- `results/link.png`: not shown: results/link.png is a link" in shown
+    assert "- `results/gone.png`: no longer in the workspace" in shown

@@ -106,3 +106,9 @@ def test_help_names_every_default_and_the_environment():
         for action in command._actions:
             assert action.help, (command.prog, action.dest)
     assert labrun("--version").stdout.strip() == "labrun 0.1.0"
+
+
+def test_a_notify_url_that_is_not_a_webhook_is_refused_before_a_server_starts():
+    result = labrun("server", "--notify", "hooks.example.org/T0", "--port", "1")
+    assert result.returncode == 2
+    assert one_line(result) == "labrun: --notify: give the webhook's http:// or https:// URL"

@@ -185,3 +185,36 @@ def test_the_ideas_metadata_names_the_phases_to_review(tmp_path, prefect_api, cl
     assert result.returncode == 3 and state(ws)["review_after"] == ["setup"], result.stderr
     assert state(ws)["reviews"][0]["phase"] == "setup"
     assert os.path.exists(ws / "planning.md") and not (ws / "src/experiment.py").exists()
+
+
+def test_the_resume_form_shows_the_plan_cut_with_the_whole_one_click_away(tmp_path, prefect_api, monkeypatch):
+    """What the Prefect UI's Resume form says (its Markdown): the review's summary, then the
+    plan's own text, cut at a line's end, with a link to the artifact that holds the whole."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterId
+
+    from labrun.flows import review as form
+    from labrun.state import load_state
+    from labrun.workspace import Workspace
+
+    ws = tmp_path / "ws"
+    assert labrun("run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted",
+                  "--review-after", "planning").returncode == 3
+    saved = load_state(Workspace(ws))[0]
+    plan = (ws / "planning.md").read_text()
+    monkeypatch.setattr(form, "FORM_CHARS", len(plan) // 2)
+    text = form.form_description(saved, ws, saved.reviews[-1])
+
+    assert text.startswith("## Phase planning awaits review") and "**Run list:**" in text
+    shown = text.split("\n---\n", 1)[1]
+    assert shown.startswith("\n## `planning.md`\n\n" + plan[:200])
+    assert plan.strip() not in shown  # cut, at a line's end
+    cut = re.search(r"\*\*(\d+) more lines:\*\* the whole text is \[the artifact (\S+)\]\((\S+)/artifacts/artifact/(\S+)\)", shown)
+    assert cut, shown[-500:]
+    assert int(cut[1]) >= plan.count("\n") // 3 and cut[2].endswith(f"{saved.session_id}-review")
+    with get_client(sync_client=True) as client:
+        whole = client.read_artifacts(artifact_filter=ArtifactFilter(id=ArtifactFilterId(any_=[cut[4]])))[0].data
+    assert whole == f"## `planning.md`\n\n{plan.strip()}"
+
+    monkeypatch.setattr(form, "FORM_CHARS", 100_000)
+    assert "more lines" not in form.form_description(saved, ws, saved.reviews[-1])

@@ -151,6 +151,8 @@ def parser() -> argparse.ArgumentParser:
                         "(default: an existing limit is kept; a new one is $LABRUN_MODEL_API_SLOTS or 4)")
     server.add_argument("--crash-after", type=int, default=DEFAULT_CRASH_AFTER_S, metavar="SECONDS",
                         help="mark a run Crashed after this long without a heartbeat")
+    server.add_argument("--notify", metavar="URL", help="post a JSON message ({subject, body}) to this webhook "
+                        "when a session completes, fails or awaits review (a Prefect automation; kept until changed)")
     server.add_argument("--no-worker", action="store_true", help="start the server only")
 
     rerun = command("rerun", "run a finished session again from a phase, as a new branch",

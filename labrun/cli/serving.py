@@ -22,6 +22,8 @@ def cmd_server(args) -> int:
 
     host, port = args.host, args.port
     api_url = f"http://{host}:{port}/api"
+    if args.notify is not None and not args.notify.startswith(("http://", "https://")):
+        raise CliError("--notify: give the webhook's http:// or https:// URL")
     if processes.port_in_use(host, port):
         raise CliError(f"{host}:{port} is in use (another Prefect server?); stop it or pick --port")
     env = processes.server_env(api_url)
@@ -41,7 +43,7 @@ def cmd_server(args) -> int:
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
         with temporary_settings({PREFECT_API_URL: api_url}):
-            for line in prepare(args.sessions, args.model_api_slots, args.crash_after):
+            for line in prepare(args.sessions, args.model_api_slots, args.crash_after, args.notify):
                 console.print(f"  {line}")
         console.print(f"deploying {deployment_file()}")
         deploy(env)

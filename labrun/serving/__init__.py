@@ -1,7 +1,8 @@
 """Server mode (docs/design.md): sessions as deployment runs on the `labrun` process work pool.
 
 - `prepare`: the pool, its `sessions` work queue, the `labrun-model-api` global concurrency
-  limit and the automation that marks a silent run Crashed;
+  limit, the automation that marks a silent run Crashed, and (`--notify`) the one that posts
+  to a webhook when a session completes, fails or awaits review;
 - `deploy`: `prefect deploy --all` from labrun's `prefect.yaml` (in a clone or a wheel);
 - `address`: where a running server is (PREFECT_API_URL, or the one `labrun server` started);
 - `submit`: one session run per idea, each with a workspace of its own.
@@ -16,6 +17,9 @@ SESSION_QUEUE = "sessions"
 SESSION_DEPLOYMENT = "research-session/default"
 QUEUE_DEPLOYMENT = "experiment-queue/ideas-folder"
 ZOMBIE_AUTOMATION = "labrun: mark runs Crashed when their heartbeats stop"
+NOTIFY_AUTOMATION = "labrun: notify when a session completes, fails or awaits review"
+NOTIFY_BLOCK = "labrun-notify"
+SESSION_FLOW = "research-session"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4200
 DEFAULT_SESSION_SLOTS = 4

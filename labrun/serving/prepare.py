@@ -1,17 +1,22 @@
 """What the deployments rely on, created on a Prefect server (or brought up to date): the
 `labrun` process pool, its `sessions` work queue and limit, the `labrun-model-api` global
-concurrency limit, and the automation that marks a run Crashed when its heartbeats stop."""
+concurrency limit, the automation that marks a run Crashed when its heartbeats stop, and,
+when asked, the one that notifies a webhook when a session completes, fails or awaits review."""
 
 from __future__ import annotations
 
 from labrun.model_api_limit import MODEL_API_LIMIT, configured_slots, ensure_global_limit
-from labrun.serving import (DEFAULT_CRASH_AFTER_S, DEFAULT_SESSION_SLOTS, POOL, SESSION_QUEUE,
-                            ZOMBIE_AUTOMATION)
+from labrun.serving import (DEFAULT_CRASH_AFTER_S, DEFAULT_SESSION_SLOTS, NOTIFY_AUTOMATION, NOTIFY_BLOCK,
+                            POOL, SESSION_FLOW, SESSION_QUEUE, ZOMBIE_AUTOMATION)
+
+NOTIFIED_STATES = ("Completed", "Failed", "Crashed", "Suspended")
+"""A session run's states worth a message: it ended, or it waits for a review (Suspended)."""
 
 
 def prepare(session_slots: int = DEFAULT_SESSION_SLOTS, model_api_slots: int | None = None,
-            crash_after_s: int = DEFAULT_CRASH_AFTER_S) -> list[str]:
-    """Returns one line per thing done."""
+            crash_after_s: int = DEFAULT_CRASH_AFTER_S, notify: str | None = None) -> list[str]:
+    """Returns one line per thing done. `notify`: a webhook URL (None leaves the notification
+    automation as it is, or absent)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectNotFound
@@ -49,6 +54,8 @@ def prepare(session_slots: int = DEFAULT_SESSION_SLOTS, model_api_slots: int | N
         ensure_global_limit(MODEL_API_LIMIT, slots, update=True)
         done.append(f"global concurrency limit {MODEL_API_LIMIT}: {slots} model calls at once")
     done.append(ensure_zombie_automation(crash_after_s))
+    if notify:
+        done.append(ensure_notify_automation(notify))
     return done
 
 
@@ -90,21 +97,76 @@ def zombie_automation(crash_after_s: int = DEFAULT_CRASH_AFTER_S):
 
 
 def ensure_zombie_automation(crash_after_s: int = DEFAULT_CRASH_AFTER_S) -> str:
+    if _ensure_automation(zombie_automation(crash_after_s)):
+        return f"created automation {ZOMBIE_AUTOMATION!r} (Crashed after {crash_after_s} s without a heartbeat)"
+    return f"automation {ZOMBIE_AUTOMATION!r}: Crashed after {crash_after_s} s without a heartbeat"
+
+
+def notify_automation(block_document_id):
+    """Prefect's recipe for a notification: each state event of a `research-session` flow run
+    in NOTIFIED_STATES sends the notification block a subject and a body (the run, its state,
+    its message, which holds the verdict, and its page in the UI)."""
+    from datetime import timedelta
+
+    from prefect.events.actions import SendNotification
+    from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
+    from prefect.events.schemas.events import ResourceSpecification
+
+    state = "{{ event.resource['prefect.state-name'] }}"
+    return AutomationCore(
+        name=NOTIFY_AUTOMATION,
+        description=f"Posts to the webhook of the block {NOTIFY_BLOCK} when a {SESSION_FLOW} run "
+                    f"is {', '.join(NOTIFIED_STATES[:-1])} or {NOTIFIED_STATES[-1]} (awaits review).",
+        trigger=EventTrigger(
+            expect={f"prefect.flow-run.{s}" for s in NOTIFIED_STATES},
+            match=ResourceSpecification({"prefect.resource.id": "prefect.flow-run.*"}),
+            match_related=ResourceSpecification({"prefect.resource.role": "flow",
+                                                 "prefect.resource.name": SESSION_FLOW}),
+            posture=Posture.Reactive,
+            threshold=1,
+            within=timedelta(0),
+        ),
+        actions=[SendNotification(
+            block_document_id=block_document_id,
+            subject=f"labrun: {{{{ flow_run.name }}}} {state}",
+            body=f"The labrun session {{{{ flow_run.name }}}} is {state}: "
+                 "{{ event.resource['prefect.state-message'] }}\n{{ flow_run|ui_url }}",
+        )],
+    )
+
+
+def ensure_notify_automation(url: str) -> str:
+    """The block `labrun-notify` (Prefect's custom webhook: a JSON body `{"subject", "body"}`
+    posted to `url`, kept as the block's secret, since a webhook's URL often holds its token)
+    and the automation that uses it."""
+    from prefect.blocks.notifications import CustomWebhookNotificationBlock
+
+    block = CustomWebhookNotificationBlock(
+        name=NOTIFY_BLOCK, url="{{url}}", secrets={"url": url},
+        json_data={"subject": "{{subject}}", "body": "{{body}}"})
+    block_id = block.save(NOTIFY_BLOCK, overwrite=True)
+    created = _ensure_automation(notify_automation(block_id))
+    return (f"{'created' if created else 'updated'} automation {NOTIFY_AUTOMATION!r} "
+            f"(block {NOTIFY_BLOCK}: a webhook of the URL given)")
+
+
+def _ensure_automation(wanted) -> bool:
+    """Create the automation `wanted` names, or bring the one there up to date; True when it
+    was created."""
     from prefect.client.orchestration import get_client
 
-    wanted = zombie_automation(crash_after_s)
     with get_client(sync_client=True) as client:
-        found = client.read_automations_by_name(ZOMBIE_AUTOMATION)
+        found = client.read_automations_by_name(wanted.name)
         if not found:
             client.create_automation(wanted)
-            return f"created automation {ZOMBIE_AUTOMATION!r} (Crashed after {crash_after_s} s without a heartbeat)"
+            return True
         # An update starts the automation's windows afresh, which would forget the heartbeats
         # of runs left in flight when the server stopped: update only what changed.
         if _definition(found[0]) != _definition(wanted):
             client.update_automation(found[0].id, wanted)
         for extra in found[1:]:
             client.delete_automation(extra.id)
-    return f"automation {ZOMBIE_AUTOMATION!r}: Crashed after {crash_after_s} s without a heartbeat"
+    return False
 
 
 def _definition(automation) -> object:

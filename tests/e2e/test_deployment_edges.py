@@ -1,7 +1,6 @@
 """A deployment run as Prefect's own CLI and client start one: named after its session, its
-Logs tab holding labrun's events, bad parameters refused before a workspace exists, a run
-without parameters (a schedule made by `prefect deployment schedule create`) failing with
-one line that says what to give, and a finished session's repeated runs writing nothing."""
+Logs tab holding labrun's events, bad or missing parameters refused before a workspace
+exists, and a finished session's repeated runs writing nothing."""
 
 from __future__ import annotations
 
@@ -64,14 +63,12 @@ def test_prefects_own_cli_gets_a_named_run_its_logs_and_one_line_refusals(prefec
     assert {p: p.read_bytes() for p in before} == before
     wait_until(lambda: any("already complete" in line for line in run_logs(again.id)), "the run's log line")
 
-    # No parameters at all: one line in the run's state message that says what to give.
-    bare = run_deployment(SESSION_DEPLOYMENT, timeout=0, parameters={})
-    failed = wait_for([bare.id], timeout_s=120)[str(bare.id)]
-    assert failed.state.type.value == "FAILED"
-    assert "names no workspace" in failed.state.message and "Scheduling a session" in failed.state.message, failed.state
+    # No workspace: refused when the run is created, naming it (the UI's form marks it required).
+    with pytest.raises(PrefectHTTPStatusError, match="'workspace' is a required property"):
+        run_deployment(SESSION_DEPLOYMENT, timeout=0, parameters={"idea_path": str(idea)})
 
     # Bad values are refused when the run is created: no workspace is made.
-    for bad in ({"budget_usd": -5}, {"max_turns": 0}, {"agent": "bogus"}):
+    for bad in ({"budget_usd": -5}, {"max_turns": 0}, {"agent": "bogus"}, {"from_phase": "analysys"}):
         target = tmp_path / "workspaces" / f"refused-{next(iter(bad))}"
         with pytest.raises(PrefectHTTPStatusError, match="409|422|Validation"):
             run_deployment(SESSION_DEPLOYMENT, timeout=0,

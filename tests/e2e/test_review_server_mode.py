@@ -1,7 +1,7 @@
 """Review by a person through a deployment run: the run suspends after planning (no worker
 process is held), a Retry pressed meanwhile suspends it again, a revision from `labrun review`
 resumes it on a worker, and a real click in the Prefect UI's Resume form, in headless
-Chromium, approves the plan; the run goes on to the end. Takes docs/prefect-ui-review.png."""
+Chromium, approves the plan, which the form shows; the run goes on to the end. Takes docs/prefect-ui-review.png."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ pytestmark = pytest.mark.skipif(
 )
 REVISION = "Add a second noise level, sigma 2.0, to the run list."
 COMMENT = "Looks sound; report the slope with a bootstrap interval."
+PLAN_LINE = "Monte Carlo: true value 1.0, sigma 0.5, k in 1, 2, 4, ..., 256, 1000 trials per k."
+"""A line of the scripted agent's planning.md."""
 NOT_PAUSED = {"SCHEDULED", "PENDING", "RUNNING", "COMPLETED", "FAILED", "CRASHED", "CANCELLING", "CANCELLED"}
 
 
@@ -55,6 +57,10 @@ def approve_in_the_ui(browser, server, run_id: str) -> None:
         browser.click_text("Resume")
         browser.wait_for_text("Phase planning awaits review (round 2)", f"The revision asked for: {REVISION}",
                               "Run list:", "Evaluation criteria:", "Submit", timeout_s=30)
+        # The plan's own text, not only its name: the reviewer needs no access to the worker.
+        browser.wait_for_text("planning.md", PLAN_LINE, timeout_s=5)
+        browser.js("[...document.querySelectorAll('.p-modal h2')].find(h => h.innerText.trim() === 'planning.md')"
+                   ".scrollIntoView({block: 'start'})")  # the screenshot shows the plan
         browser.choose(".p-modal select", "approve")
         browser.type_into(".p-modal textarea", COMMENT)
         browser.screenshot(REPO / "docs/prefect-ui-review.png")  # docs/server-mode.md shows it

@@ -27,6 +27,24 @@ def phases(status: dict) -> dict[str, dict]:
     return {p["key"]: p for p in status["phases"]}
 
 
+def assert_the_forms_explain_themselves(session: dict, queue: dict) -> None:
+    """The UI's forms of both deployments, from their schemas on the server: every parameter
+    described, the required ones marked, choices as choices."""
+    from labrun.agents.registry import names
+    from labrun.phase_registry import BY_KEY, phase_list
+
+    phases = list(phase_list(BY_KEY))
+    for schema in (session, queue):
+        undescribed = [n for n, p in schema["properties"].items() if len(p.get("description") or "") < 20]
+        assert not undescribed, undescribed
+    assert session["required"] == ["workspace"] and queue["required"] == ["folder", "workspaces"]
+    props = session["properties"]
+    assert props["agent"]["enum"] == [*names(), None] and props["from_phase"]["enum"] == [*phases, None]
+    for name in ("with_phases", "review_after"):
+        assert props[name]["anyOf"][0]["items"]["enum"] == phases, props[name]
+        assert queue["properties"][name] == {**props[name], "position": queue["properties"][name]["position"]}
+
+
 def test_deployments_from_prefect_yaml(prefect_server, deployed):
     with client() as c:
         session = c.read_deployment_by_name("research-session/default")
@@ -39,6 +57,7 @@ def test_deployments_from_prefect_yaml(prefect_server, deployed):
     assert session.work_pool_name == "labrun" and session.work_queue_name == "sessions"
     assert session.entrypoint == "labrun.flows.session.research_session"
     assert {"idea_path", "workspace", "agent", "model", "from_phase"} <= set(session.parameter_openapi_schema["properties"])
+    assert_the_forms_explain_themselves(session.parameter_openapi_schema, queue.parameter_openapi_schema)
     # no network in the pull step: the worker runs the flows from this clone
     assert session.pull_steps == [
         {"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}
@@ -109,7 +128,7 @@ def test_three_sessions_at_once_and_a_retry_from_the_ui(prefect_server, three_se
         versions = c.read_artifacts(artifact_filter=ArtifactFilter(
             key=ArtifactFilterKey(any_=[artifact_key(title, sid, "state")])))
         collections = {a.key: a for a in c.read_latest_artifacts(limit=200)}
-    assert len(versions) == 2, "one STATE.md version per run of the session"
+    assert len(versions) == 1, "one STATE.md version per flow run, a retry's brought up to date"
     state_md = collections[artifact_key(title, sid, "state")].data
     assert (s.workspaces[s.failing] / "STATE.md").read_text() == state_md
     assert "Phase 6 — documentation: DONE" in state_md

@@ -45,6 +45,7 @@ def svg_plot(rows, path):
                      f'<text x="{x1 + 45}" y="{y + 4}" font-size="12">{label}</text>')
     path.write_text(
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif">'
+        f'<rect width="100%" height="100%" fill="white"/>'  # readable on a dark page too (the Prefect UI's)
         f'<text x="{left}" y="18" font-size="14">RMSE of the mean of k noisy measurements</text>'
         + "".join(parts) + "</svg>\n"
     )
