@@ -561,9 +561,13 @@ class StateStore:
             self.ws.data.mkdir(parents=True, exist_ok=True)
             self._file_lock = os.open(self.ws.state_lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         fcntl.flock(self._file_lock, fcntl.LOCK_EX)
-        if self.ws.state_identity() != self._seen:  # another store saved it since
-            self.state, _ = load_state(self.ws)
-            self._seen = self.ws.state_identity()
+        try:
+            if self.ws.state_identity() != self._seen:  # another store saved it since
+                self.state, _ = load_state(self.ws)
+                self._seen = self.ws.state_identity()
+        except BaseException:
+            self._release_file()
+            raise
 
     def _release_file(self) -> None:
         if self._file_lock is not None:
