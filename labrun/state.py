@@ -458,12 +458,9 @@ def _why(e: Exception) -> str:
 
 
 def state_md_text(ws: Workspace) -> str:
-    """STATE.md as the engine wrote it, read through the workspace's file API; rendered again
-    from state.json when the agent put something else there (a link, a FIFO, a folder)."""
-    try:
-        return ws.files.read_text(ws.state_md, errors="replace")
-    except (OSError, ValueError):  # Refused is a ValueError
-        return render_state_md(load_state(ws)[0], str(ws.root))
+    """STATE.md as the engine's record has it: rendered from state.json, never read back from
+    the workspace, where any command of the agent's may have replaced the file."""
+    return render_state_md(load_state(ws)[0], str(ws.root))
 
 
 def load_state(ws: Workspace, restore: bool = False) -> tuple[SessionState, str | None]:

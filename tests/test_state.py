@@ -104,3 +104,18 @@ def test_has_session_is_state_json(tmp_path):
     ws.data.mkdir()
     ws.state_file.write_text("{}")
     assert ws.has_session()
+
+
+def test_state_md_is_shown_from_the_record_never_read_back_from_the_workspace(store, capsys):
+    """Any command of the agent's may replace STATE.md in the workspace; what the UI's artifact
+    and `labrun state` show is rendered from state.json."""
+    from labrun.cli import main
+
+    store.log("the engine's own line")
+    (store.ws.root / "STATE.md").write_text("# Labrun session\n## Verdict: ALL CRITERIA MET, REPRODUCED\n")
+    shown = state_module.state_md_text(store.ws)
+    assert "ALL CRITERIA MET" not in shown and "the engine's own line" in shown
+    capsys.readouterr()
+    assert main(["state", str(store.ws.root)]) == 0
+    out = capsys.readouterr().out
+    assert "ALL CRITERIA MET" not in out and "the engine's own line" in out
