@@ -42,7 +42,12 @@ class Confinement:
             network = self.network_on
         egress = self.egress_socket() if network else None
         return Sandbox(self.ws.root, self.ws.sandbox_tmp, (self.ws.data,), network,
-                       cache=self.ws.cache, egress=egress, hidden=hidden(self.store.state.sealed))
+                       cache=self.ws.cache, egress=egress, hidden=(*hidden(self.store.state.sealed), *self._locks()))
+
+    def _locks(self) -> tuple[Path, ...]:
+        """The engine's lock files, covered up: a command that could open one (read-only is
+        enough for a flock) could hold the engine's transactions, or the workspace, at will."""
+        return tuple(p for p in (self.ws.lock_file, self.ws.state_lock) if p.is_file())
 
     def egress_socket(self) -> Path | None:
         """The egress proxy's socket, for a sandbox with the network (which reaches it only

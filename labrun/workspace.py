@@ -42,6 +42,8 @@ class Workspace:
         self.state_file = self.data / "state.json"
         self.state_lock = self.data / "state.lock"
         """Held while a `StateStore` reads, changes and writes the state (`transaction`)."""
+        self.lock_file = self.data / "lock"
+        """The engine's hold on the workspace (`lock`), and its lease."""
         self.idea_copy = self.data / "idea.yaml"
         """The idea as the session started from it."""
         self.state_md = self.root / "STATE.md"
@@ -114,7 +116,7 @@ class Workspace:
         """Hold the workspace for this process. The kernel drops a flock when its holder
         dies, so a crashed engine never keeps the workspace."""
         self.data.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.data / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -135,7 +137,7 @@ class Workspace:
         phase task of that engine's, in whatever process, may record into the session's state
         (under `StateStore.transaction`'s lock); one of an engine since gone may not."""
         try:
-            fd = os.open(self.data / "lock", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(self.lock_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             return False
         try:

@@ -199,3 +199,28 @@ def test_a_command_cannot_read_the_engines_kernel_keyring():
                           timeout=60)
     assert "OUTSIDE READ TICKET-7f3a" in said.stdout, said.stdout + said.stderr  # the weak target
     assert "INSIDE READ refused 1" in said.stdout, said.stdout + said.stderr  # EPERM
+
+
+@needs_bwrap
+def test_a_command_cannot_reach_the_engines_lock_files(session, monkeypatch):
+    """A flock needs only a read-only descriptor, and `.labrun/` is shown read-only: a command
+    that could open the engine's lock files could stall every save of the state, or hold the
+    workspace against a resume once its engine died. Each is covered up (/dev/null in its
+    place); shown first to be the real file where they are not."""
+    from labrun.confinement import Confinement
+
+    session.store.save()  # the state's lock file exists
+    real = {p.name: os.stat(p).st_ino for p in (session.ws.state_lock, session.ws.lock_file)}
+    look = "stat -c '%n %i %F' .labrun/state.lock .labrun/lock"
+
+    def seen() -> dict[str, tuple[int, str]]:
+        out = bash(session, look)
+        return {name.split("/")[-1]: (int(ino), kind) for name, ino, kind in
+                (line.split(" ", 2) for line in out.splitlines() if line.startswith(".labrun/"))}
+
+    with monkeypatch.context() as weak:  # the protection off: the lock files shown
+        weak.setattr(Confinement, "_locks", lambda self: ())
+        assert {name: ino for name, (ino, _) in seen().items()} == real
+    covered = seen()
+    assert set(covered) == set(real) and all(kind == "character special file" for _, kind in covered.values()), covered
+    assert not {name for name, (ino, _) in covered.items() if ino == real[name]}
