@@ -135,8 +135,6 @@ class AttemptRecords:
                     _say(f"attempt {a.n} stopped; with LABRUN_KEEP_EXPERIMENTS=on, Ctrl-C leaves experiments running")
                 for group in supervised.groups(report):
                     kill_group(group)
-                if a.pgid:  # noted in the state by an older labrun
-                    kill_group(a.pgid)
                 if run.get("pgid") and identified(run["pgid"], run["started"]) is not None:  # an older labrun's
                     kill_group(run["pgid"])
                 self.interrupt(a.n, run.get("task_run"), "the session was interrupted while this attempt ran")

@@ -21,7 +21,7 @@ from typing import Callable, ClassVar, Iterable, Protocol
 
 from labrun.sandbox import Lifeline, Sandbox, bubblewrap
 from labrun.secrets import redact, scrubbed_env
-from labrun.supervisor import start_ticks, write_report
+from labrun.supervisor import boot_id, start_ticks, write_report
 
 
 @dataclass
@@ -238,10 +238,11 @@ class Supervised:
     """Its groups in `running_groups`, which a second Ctrl-C kills."""
 
     def alive(self, report: dict) -> bool:
-        """Whether the supervisor `report` names still runs: the same pid and the same start time."""
+        """Whether the supervisor `report` names still runs: the same pid and the same start
+        time, in this boot."""
         if self.proc is not None:
             return self.proc.poll() is None
-        return bool(report) and start_ticks(report["pid"]) == report["ticks"]
+        return _ours(report) and report.get("ticks") is not None and start_ticks(report["pid"]) == report["ticks"]
 
     def wait(self) -> dict | None:
         """The supervisor's last report once its command ended; None when the supervisor is
@@ -279,7 +280,9 @@ class Supervised:
         that group is still the one it started (`pgid_ticks`; a group's id is not given to
         another process while any process of the group lives)."""
         report = self.read() if report is None else report
-        found = [report["pid"]] if report and self.alive(report) else []
+        if not _ours(report):  # another boot's ids: whatever holds them now is not this attempt's
+            return []
+        found = [report["pid"]] if self.alive(report) else []
         if report.get("pgid") and start_ticks(report["pgid"]) in (None, report.get("pgid_ticks")):
             found.append(report["pgid"])
         return found
@@ -295,6 +298,11 @@ class Supervised:
         """What the ended command's report and log say."""
         return _result(log_path, report["exit_code"], report["duration_s"], report["timed_out"],
                        report["too_much_output"], timeout_s, max_output_bytes, show_chars)
+
+
+def _ours(report: dict) -> bool:
+    """A report of this boot's, with an identity to go by."""
+    return bool(report) and report.get("boot") is not None and report["boot"] == boot_id()
 
 
 def start_supervised(command: str, cwd: Path, log_path: Path, folder_fd: int, report: str,
@@ -328,7 +336,7 @@ def start_supervised(command: str, cwd: Path, log_path: Path, folder_fd: int, re
     assert proc.stdin is not None
     # Its identity on disk before it has a job: an engine killed from here on leaves a
     # supervisor that a resume finds (and waits for, or finds gone), never one it cannot see.
-    write_report(folder_fd, report, {"pid": proc.pid, "ticks": start_ticks(proc.pid)})
+    write_report(folder_fd, report, {"pid": proc.pid, "ticks": start_ticks(proc.pid), "boot": boot_id()})
     with proc.stdin:
         proc.stdin.write(json.dumps(job).encode())
     noted = read()

@@ -10,8 +10,9 @@ limit and output limit, so that they hold while no engine runs, and writes its r
 the attempt's folder in `.labrun/`, which the command cannot write (read-only inside the
 sandbox), through a descriptor of that folder the engine opened without following links:
 
-1. before the command starts: its own identity, `pid` and `ticks` (its start time in clock
-   ticks since boot, `start_ticks`), which tell it from a later process given the same pid;
+1. before the command starts: its own identity, `pid`, `ticks` (its start time in clock
+   ticks since boot, `start_ticks`) and `boot` (`boot_id`), which tell it from a later process
+   given the same pid, in this boot or another;
 2. once the command started: `pgid`, the command's process group (`pgid_ticks`: its first
    process's start), and `started` (epoch s);
 3. once it ended: `ended` (epoch s), `duration_s` (its own monotonic clock: the real
@@ -52,6 +53,16 @@ def start_ticks(pid: int) -> int | None:
     return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
+def boot_id() -> str | None:
+    """This boot of the machine: a report written in another one (before a restart, or on
+    another machine) names processes that are not its own, whatever their ids now."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
 def write_report(folder_fd: int, name: str, report: dict) -> None:
     part = f".{name}.part"
     try:
@@ -89,7 +100,7 @@ def _kill_group(pgid: int) -> None:
 
 def supervise(job: dict) -> dict:
     folder, name = job["folder_fd"], job["report"]
-    report: dict = {"pid": os.getpid(), "ticks": start_ticks(os.getpid())}
+    report: dict = {"pid": os.getpid(), "ticks": start_ticks(os.getpid()), "boot": boot_id()}
     write_report(folder, name, report)
     lifeline = job.get("lifeline")
     started, clock = time.time(), time.monotonic()

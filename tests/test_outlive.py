@@ -141,3 +141,27 @@ def test_ctrl_c_stops_the_attempt_unless_asked_to_leave_it_running(tmp_path, for
     assert not supervisor_alive(report)
     assert slow_attempt(ws)["status"] == "INTERRUPTED"
     assert json.loads((ws / ".labrun/state.json").read_text())["attempts"][1]["status"] == "INTERRUPTED"
+
+
+def test_a_report_of_another_boot_or_without_an_identity_names_no_process_to_kill():
+    """After a restart (or on another machine) a report's ids are other processes'. Shown first
+    with this boot's id: the same report names the live group, which a stop would kill."""
+    import os
+    import subprocess
+
+    from labrun.commands import Supervised
+    from labrun.supervisor import boot_id
+
+    stranger = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        report = {"pid": stranger.pid, "ticks": start_ticks(stranger.pid), "pgid": stranger.pid,
+                  "pgid_ticks": start_ticks(stranger.pid), "boot": boot_id()}
+        assert Supervised(lambda: report).groups() == [stranger.pid, stranger.pid]  # this boot's: its own
+        other_boot = {**report, "boot": "0" * 32}
+        assert Supervised(lambda: other_boot).groups() == [] and not Supervised(lambda: other_boot).alive(other_boot)
+        gone = {"pid": 2 ** 22 + 7, "ticks": None, "boot": boot_id()}  # no identity: never alive
+        assert not Supervised(lambda: gone).alive(gone)
+        assert stranger.poll() is None and os.getpgid(stranger.pid) == stranger.pid
+    finally:
+        stranger.kill()
+        stranger.wait()
