@@ -76,6 +76,16 @@ def is_secret_name(name: str) -> bool:
     return any(p in SECRET_PARTS or p.endswith(SECRET_SUFFIXES) for p in parts)
 
 
+def undumpable() -> None:
+    """No process of the same user may read this one's environment or memory
+    (`/proc/PID/environ`, `mem`, `fd`) or attach to it: it holds keys, and the agent's commands
+    and a coding CLI's own shell run as the same user (root, or CAP_SYS_PTRACE, still could)."""
+    import ctypes
+
+    PR_SET_DUMPABLE = 4
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
 def declare(names: Iterable[str]) -> None:
     """Redact these variables' values from now on, whatever their names: a key passed to
     the experiments may be called anything (SERVICE_ACCESS, OPENAI_ORG)."""

@@ -22,7 +22,7 @@ from labrun.plan import Plan
 from labrun.run_params import RunParams
 from labrun.evidence import echoed, kept_text, unmeasured
 from labrun.sealed import seal
-from labrun.secrets import declare
+from labrun.secrets import declare, undumpable
 from labrun.snapshot import entry_digest
 from labrun.workspace import Workspace
 from labrun.attempt_records import AttemptRecords
@@ -177,6 +177,7 @@ class Session:
                 store.log(f"session created (agent {state.agent})")
             session.store.start_clock()
             declare(session.confinement.key_names())  # their values are redacted from now on, whatever the names
+            undumpable()
         except BaseException:
             ws.unlock()
             raise
@@ -201,6 +202,7 @@ class Session:
         idea = _idea_copy(str(ws.idea_copy), (st.st_ino, st.st_size, st.st_mtime_ns))
         session = cls(ws, StateStore(ws, state) if writing else _Reading(ws, state), idea, spec.egress)
         declare(session.confinement.key_names())  # redacted in this process too
+        undumpable()
         if writing:
             session.store.start_clock()
         return session

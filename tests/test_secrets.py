@@ -235,3 +235,21 @@ def test_a_megabyte_is_redacted_in_well_under_a_second(monkeypatch):
     start = time.perf_counter()
     assert redact(text) == text
     assert time.perf_counter() - start < 1.0  # about 0.1 s on one core of a laptop
+
+
+def test_an_engine_holding_keys_is_not_dumpable(tmp_path):
+    """The agent's commands and a coding CLI's shell run as the engine's user: a dumpable
+    engine's /proc/PID/environ (its keys) and memory are theirs to read. Shown dumpable
+    before the session opens."""
+    import subprocess
+    import sys
+
+    from support import DEMO_IDEA
+
+    probe = ("import ctypes, sys\nfrom labrun.session import Session\n"
+             "dumpable = lambda: ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)\n"
+             "before = dumpable()\ns = Session.open(sys.argv[1], sys.argv[2], 'scripted')\n"
+             "print(before, dumpable())\ns.close()\n")
+    done = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "ws"), str(DEMO_IDEA)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["1", "0"], done.stderr
