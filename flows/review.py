@@ -13,7 +13,8 @@ from prefect.flow_runs import suspend_flow_run
 from prefect.input import RunInput
 from pydantic import Field, ValidationError
 
-from labrun.artifacts import artifact_key, artifact_url, publish_markdown
+from labrun.artifacts import artifact_key, artifact_url, publish_markdown, untrusted_markdown
+from labrun.secrets import redact
 from labrun.review import RESULTS, GateResult, apply, description, excerpt, reading, record, review_round
 from labrun.state import Review, ReviewDecision
 
@@ -80,15 +81,17 @@ def _wait_on_worker(session, review: Review) -> ReviewInput | None:
 
 def form_description(state, root, review: Review) -> str:
     """The Resume form's Markdown: the review's summary (`labrun.review.description`), then
-    what the phase wrote for the reviewer, cut to FORM_CHARS with a link to the whole."""
-    head = description(state, root, review)
+    what the phase wrote for the reviewer, cut to FORM_CHARS with a link to the whole; all but
+    that link redacted and made safe for the browser (`untrusted_markdown`): the summary quotes
+    the agent too."""
+    head = untrusted_markdown(redact(description(state, root, review)))
     text = reading(root, review.phase)
     if not text:
         return head
     published = publish_markdown(state.title, state.session_id, "review", text,
                                  f"What the reviewer of phase {review.phase} reads (round {review.round}): "
                                  f"session {state.session_id}")
-    shown, cut = excerpt(text, FORM_CHARS)
+    shown, cut = excerpt(untrusted_markdown(text), FORM_CHARS)
     key = artifact_key(state.title, state.session_id, "review")
     url = artifact_url(published) if published else None
     whole = (f"[the artifact {key}]({url}), on the run's Artifacts tab" if url else

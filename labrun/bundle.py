@@ -6,8 +6,9 @@ folder (`.env`, `.git`, `.cache`, a CLI's home), Python's and tools' caches (`__
 `SKIPPED_NAMES`, a folder marked `CACHEDIR.TAG`), environments (`.venv`, `node_modules`, a
 folder holding `pyvenv.cfg` or `conda-meta`), files named like keys (`*.pem`, `id_rsa`), and
 every link and special file: the workspace is read through `labrun.wsfs` alone, so no link the
-agent made is followed. Text files have the environment's secrets redacted
-(`labrun.secrets`). An existing bundle is never overwritten.
+agent made is followed. Every file has its secrets redacted, text or not (`labrun.secrets`:
+the environment's, and the session's keys for experiments whatever their names); a file over
+REDACT_UP_TO is left out, not shipped unchecked. An existing bundle is never overwritten.
 """
 
 from __future__ import annotations
@@ -20,17 +21,18 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labrun.secrets import redact
+from labrun.keys import declare_session_keys
+from labrun.secrets import redact_bytes
 from labrun.snapshot import CACHE_MARKER, ENVIRONMENT_MARKERS, ENVIRONMENT_NAMES, SKIPPED_NAMES
 from labrun.workspace import Workspace
-from labrun.wsfs import READ_LIMIT, Refused
+from labrun.wsfs import Refused
 
 KEY_FILES = ("*.pem", "*.key", "*.p12", "*.pfx", "id_rsa*", "id_ed25519*", "id_ecdsa*", "*.keystore",
              "credentials", "credentials.json", "secrets.*")
 """File names that hold keys, whatever folder they are in."""
 IDEA_NAME = "IDEA.yaml"
 REDACT_UP_TO = 8 << 20
-"""Text files up to this size are read whole to redact secrets; larger ones are data, copied as they are."""
+"""Files up to this size are read whole to redact secrets; a larger one is left out (listed)."""
 
 
 class BundleError(ValueError):
@@ -42,7 +44,7 @@ class Bundled:
     path: Path
     files: list[str] = field(default_factory=list)
     left_out: list[str] = field(default_factory=list)
-    """Links and special files found and not followed or copied."""
+    """Links, special files and files too large to check: found, not followed or copied."""
     redacted: list[str] = field(default_factory=list)
 
 
@@ -62,6 +64,11 @@ def export(workspace: str | Path, target: str | Path) -> Bundled:
     if target.resolve().is_relative_to(ws.root):
         raise BundleError(f"{target}: inside the workspace; write the bundle elsewhere")
     top = ws.root.name
+    try:
+        declare_session_keys(ws)  # a key passed as SERVICE_ACCESS is redacted too
+    except (OSError, ValueError) as e:
+        raise BundleError(f"{ws.root}: the session's keys cannot be known, so they could not be redacted: "
+                          f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     try:
         out = open(target, "xb")  # never overwrites: a bundle handed on stays as it was
     except FileExistsError:
@@ -116,22 +123,20 @@ def _add(ws: Workspace, tar: tarfile.TarFile, rel: str, arcname: str, done: Bund
     except (OSError, Refused) as e:
         done.left_out.append(f"{rel} ({e})")
         return
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if st.st_size <= REDACT_UP_TO:
-            data = f.read(READ_LIMIT)
-            try:
-                text = data.decode("utf-8")
-            except UnicodeDecodeError:
-                text = None
-            if text is not None and (clean := redact(text)) != text:
-                data = clean.encode()
-                done.redacted.append(rel)
-            _add_bytes(tar, arcname, data, stat.S_IMODE(st.st_mode), st.st_mtime)
-        else:
-            info = tarfile.TarInfo(arcname)
-            info.size, info.mode, info.mtime = st.st_size, stat.S_IMODE(st.st_mode), int(st.st_mtime)
-            tar.addfile(info, f)
+    try:
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            data = f.read(REDACT_UP_TO + 1) if st.st_size <= REDACT_UP_TO else b""  # what is there now
+    except OSError as e:
+        done.left_out.append(f"{rel} ({e})")
+        return
+    if st.st_size > REDACT_UP_TO or len(data) > REDACT_UP_TO:
+        done.left_out.append(f"{rel} (over {REDACT_UP_TO >> 20} MiB: not checked for secrets, left out)")
+        return
+    clean = redact_bytes(data)
+    if clean != data:
+        done.redacted.append(rel)
+    _add_bytes(tar, arcname, clean, stat.S_IMODE(st.st_mode), st.st_mtime)
     done.files.append(rel)
 
 

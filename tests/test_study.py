@@ -96,6 +96,39 @@ def test_export_bundles_the_study_without_engine_caches_or_keys_and_follows_no_l
     assert labrun("export", str(tmp_path / "none")).returncode == 2
 
 
+def test_export_redacts_every_file_and_the_sessions_own_keys_and_prints_no_escape(sessions, tmp_path):
+    """A key passed with --pass-env under a name not like a secret's is redacted (the export
+    declares the session's keys, as the session does), in a file that is not UTF-8 too; a file
+    too large to check is left out, not shipped unchecked; a name holding an escape sequence
+    is printed escaped, not run by the terminal."""
+    ws = tmp_path / "study"
+    shutil.copytree(sessions / "demo-1", ws, symlinks=True)
+    state_file = ws / ".labrun" / "state.json"
+    saved = json.loads(state_file.read_text())
+    state_file.write_text(json.dumps({**saved, "pass_env": ["SERVICE_ACCESS"]}))
+    access = "svc-access-0123456789"
+    (ws / "results" / "blob.bin").write_bytes(b"\xff\x00" + access.encode() + b"\xfe")
+    with open(ws / "results" / "big.dat", "wb") as big:
+        big.truncate((8 << 20) + 1)
+    (ws / "results" / "\x1b]0;owned\x07\x1b[2Jname.txt").write_text("sk-ant-api03-" + "x" * 40 + "\n")
+    (ws / "results" / "\x1b[31mlink").symlink_to("/etc/hostname")
+
+    bundle = tmp_path / "study.tar.gz"
+    done = labrun("export", str(ws), "--to", str(bundle), env={"SERVICE_ACCESS": access})
+    assert done.returncode == 0, done.stderr
+    with tarfile.open(bundle) as tar:
+        names = tar.getnames()
+        blob = tar.extractfile("study/results/blob.bin").read()  # type: ignore[union-attr]
+        every = b"".join(tar.extractfile(m).read() for m in tar.getmembers() if m.isfile())  # type: ignore[union-attr]
+    assert blob == b"\xff\x00[REDACTED]\xfe" and access.encode() not in every and b"sk-ant-" not in every
+    assert "study/results/big.dat" not in names
+    assert "left out: results/big.dat (over 8 MiB: not checked for secrets, left out)" in done.stdout
+    assert "\x1b" not in done.stdout + done.stderr and "\x07" not in done.stdout
+    assert "results/\\x1b]0;owned\\x07\\x1b[2Jname.txt: secrets redacted" in done.stdout
+    assert "left out: results/\\x1b[31mlink (a link, not followed)" in done.stdout
+    assert "results/blob.bin: secrets redacted" in done.stdout
+
+
 def test_check_and_a_new_run_say_what_the_session_may_cost_and_take(tmp_path):
     checked = labrun("check", str(DEMO_IDEA), env={"LABRUN_MODEL": "claude-sonnet-4-6"})
     assert checked.returncode == 0, checked.stderr

@@ -11,7 +11,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from labrun.cli.common import CliError, console, err, styled
+from labrun.cli.common import CliError, console, err, printable, styled
 
 RESULT_FIELDS = ("workspace", "idea", "title", "state", "criteria", "met", "unmet", "unconfirmed", "not_judged",
                  "reproduced", "cost_usd", "claims")
@@ -115,8 +115,8 @@ def cmd_export(args) -> int:
         raise CliError(str(e)) from None
     console.print(f"{done.path}: {len(done.files)} files of {args.workspace} "
                   "(without .labrun/, hidden files, caches, environments and key files)", markup=False)
-    for rel in done.redacted:
-        console.print(f"  {rel}: secrets redacted", markup=False)
+    for rel in done.redacted:  # the agent's names: an escape sequence in one is shown, not run
+        console.print(f"  {printable(rel)}: secrets redacted", markup=False)
     for rel in done.left_out:
-        console.print(f"  left out: {rel}", markup=False)
+        console.print(f"  left out: {printable(rel)}", markup=False)
     return 0
