@@ -119,3 +119,14 @@ def test_state_md_is_shown_from_the_record_never_read_back_from_the_workspace(st
     assert main(["state", str(store.ws.root)]) == 0
     out = capsys.readouterr().out
     assert "ALL CRITERIA MET" not in out and "the engine's own line" in out
+
+
+def test_labrun_state_prints_no_escape_sequence_the_agent_gave(store, capsys):
+    from labrun.cli import main
+
+    with store.transaction() as state:
+        state.sections["workflow"] = "done \x1b]0;owned\x07 \x1b[31mred"
+    capsys.readouterr()
+    assert main(["state", str(store.ws.root)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "\\x1b]0;owned" in out

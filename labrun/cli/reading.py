@@ -59,10 +59,12 @@ def cmd_check(args) -> int:
 
 
 def cmd_state(args) -> int:
+    from labrun.cli.common import printable
     from labrun.state import state_md_text
     from labrun.workspace import Workspace
 
-    sys.stdout.write(state_md_text(Workspace(session_dir(args.workspace))))
+    # What the agent gave (its sections, its commands) may hold a terminal's escape sequences.
+    sys.stdout.write(printable(state_md_text(Workspace(session_dir(args.workspace))), multiline=True))
     return 0
 
 
