@@ -98,10 +98,39 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
+END_ROOM = 64 << 10
+"""Disk taken for the end's report before the command starts: a command that fills the disk
+cannot keep its end from being written."""
+
+
+def _room_for_the_end(folder_fd: int, name: str) -> int:
+    end = f".{name}.end"
+    try:
+        os.unlink(end, dir_fd=folder_fd)
+    except FileNotFoundError:
+        pass
+    fd = os.open(end, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=folder_fd)
+    os.posix_fallocate(fd, 0, END_ROOM)
+    return fd
+
+
+def _write_end(folder_fd: int, name: str, fd: int, report: dict) -> None:
+    """The end's report, into the room taken for it (writing within it needs no new blocks),
+    then renamed over the report: whole, as every report is."""
+    data = json.dumps(report, sort_keys=True).encode()
+    os.pwrite(fd, data, 0)
+    os.ftruncate(fd, len(data))
+    os.fsync(fd)
+    os.close(fd)
+    os.replace(f".{name}.end", name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+    os.fsync(folder_fd)
+
+
 def supervise(job: dict) -> dict:
     folder, name = job["folder_fd"], job["report"]
     report: dict = {"pid": os.getpid(), "ticks": start_ticks(os.getpid()), "boot": boot_id()}
     write_report(folder, name, report)
+    end_fd = _room_for_the_end(folder, name)
     lifeline = job.get("lifeline")
     started, clock = time.time(), time.monotonic()
     proc = subprocess.Popen(job["argv"], cwd=job["cwd"], env=job["env"], stdin=subprocess.DEVNULL,
@@ -135,7 +164,7 @@ def supervise(job: dict) -> dict:
             os.close(lifeline[1])
     report.update(ended=time.time(), duration_s=time.monotonic() - clock, timed_out=timed_out,
                   too_much_output=too_much, exit_code=None if (timed_out or too_much) else proc.returncode)
-    write_report(folder, name, report)
+    _write_end(folder, name, end_fd, report)
     return report
 
 

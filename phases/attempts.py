@@ -151,6 +151,7 @@ def _run(session: Session, n: int) -> dict:
             supervised.stop()
         raise
     supervised.release()
+    session.ws.release_reserve_if_full()  # so that this attempt's record fits
     crashpoint("attempt-ended")
     if report is None:
         supervised.stop()  # what its command left, if it ran without a sandbox to end it
@@ -161,7 +162,6 @@ def _run(session: Session, n: int) -> dict:
         session.ws.write_json(run_file, {**noted, "ended": ended}, durable=False)
         return {**ended, "pid": os.getpid()}
     result = supervised.result(report, log, session.limits.time_limit_s, MAX_OUTPUT_BYTES)
-    session.ws.release_reserve_if_full()  # so that this attempt's record fits
     found = noted.get("found") or {}
     before = (session.records.files(n) or {}).get("before") or {}
     rewritten = [p for p in watched if found.get(p) and _identity(session, p) not in (None, found[p])

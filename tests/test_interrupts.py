@@ -291,7 +291,9 @@ def test_a_closed_output_pipe_stops_the_run_as_sigterm_does(tmp_path, own_api_en
                                "--agent", "scripted"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               env=own_api_env, start_new_session=True)
     try:
-        head = [labrun.stdout.readline() for _ in range(5)]
+        head: list[bytes] = []  # its first lines, up to the first phase's start (the reader goes then)
+        while not head or (b"planning" not in head[-1] and head[-1] and len(head) < 50):
+            head.append(labrun.stdout.readline())
         labrun.stdout.close()
         code = labrun.wait(timeout=120)
     finally:
