@@ -84,10 +84,11 @@ def attempt(session, n: int) -> None:
 
 def phase(session) -> None:
     from labrun.phase_registry import phase_version
+    from labrun.phases.execution import TaskSpec
     from labrun.phases.phase import run_phase
 
     task = run_phase.with_options(result_storage=session.ws.results, refresh_cache=True)
-    task(session_id=session.state.session_id, workspace=str(session.ws.root), phase_key="planning",
+    task(spec=TaskSpec.of(session), phase_key="planning",
          number=1, version=phase_version("planning"), upstream="none", refresh=True)
 
 

@@ -26,6 +26,7 @@ from agent_clis import INSTALL, CliSession, claude_executable  # noqa: E402
 from claude_responder import ClaudeResearcher, phase_of, system_text  # noqa: E402
 from fake_messages_api import FakeMessagesAPI  # noqa: E402
 from support import assert_complete, assert_shell_contained, listening_ports, machine_listening_ports, processes_with_env, wait_for  # noqa: E402
+from support import kill_attempt_supervisor  # noqa: E402
 
 from labrun.egress import BRIDGE_PORT  # noqa: E402
 from labrun.prices import cost_usd  # noqa: E402
@@ -199,6 +200,9 @@ def test_kill_9_during_an_attempt_leaves_no_claude_and_the_resume_asks_nothing_f
     engine = s.start()
     stderr = s.kill_during(engine, os.killpg, lambda: (s.ws / "results" / ".slow").exists(),
                            "the experiment attempt's command to run")
+    # The attempt outlives the engine under its supervisor (tests/test_outlive.py); this test's
+    # attempt is the one a reboot would end: its supervisor killed too, it is INTERRUPTED.
+    kill_attempt_supervisor(s.ws)
     assert "- Status: RUNNING" in (s.ws / "STATE.md").read_text()
     assert "login: Claude subscription (CLAUDE_CODE_OAUTH_TOKEN)" in " ".join(stderr.split())
     assert "usage window spent" in (s.ws / "STATE.md").read_text()

@@ -26,6 +26,7 @@ from auto_responder import IDEA  # noqa: E402
 from codex_responder import MODEL, CodexResearcher, phase_of, texts  # noqa: E402
 from fake_responses_api import FakeResponsesAPI  # noqa: E402
 from support import assert_billed_as_estimated, assert_complete, assert_shell_contained, labrun, listening_ports, processes_with_env, wait_for  # noqa: E402
+from support import kill_attempt_supervisor  # noqa: E402
 
 from labrun.egress import BRIDGE_PORT  # noqa: E402
 from labrun.usage import Usage  # noqa: E402
@@ -134,6 +135,9 @@ def test_codex_kill_9_during_an_attempt_leaves_no_codex_and_the_resume_asks_noth
         if engine.poll() is None:
             os.killpg(engine.pid, signal.SIGKILL)
     wait_for(lambda: not s.codexes(), timeout=5, what="every codex process to end with the engine")
+    # The attempt outlives the engine under its supervisor (tests/test_outlive.py); this test's
+    # attempt is the one a reboot would end: its supervisor killed too, it is INTERRUPTED.
+    kill_attempt_supervisor(s.ws)
     time.sleep(1)
     assert not s.posts(since=killed_at), "a request reached the API after the kill"
     assert "- Status: RUNNING" in (s.ws / "STATE.md").read_text()

@@ -26,6 +26,7 @@ from auto_responder import IDEA  # noqa: E402
 from fake_gemini_api import FakeGeminiAPI, resource_exhausted  # noqa: E402
 from gemini_responder import MODEL, GeminiResearcher, phase_of  # noqa: E402
 from support import assert_billed_as_estimated, assert_complete, assert_shell_contained, labrun, listening_ports, processes_with_env, wait_for  # noqa: E402
+from support import kill_attempt_supervisor  # noqa: E402
 
 from labrun.egress import BRIDGE_PORT  # noqa: E402
 from labrun.usage import Usage  # noqa: E402
@@ -100,6 +101,9 @@ def test_gemini_outlasts_a_429_storm_and_a_kill_9_and_costs_exactly_what_was_bil
         if engine.poll() is None:
             os.killpg(engine.pid, signal.SIGKILL)
     wait_for(lambda: not s.geminis(), timeout=5, what="every gemini process to end with the engine")
+    # The attempt outlives the engine under its supervisor (tests/test_outlive.py); this test's
+    # attempt is the one a reboot would end: its supervisor killed too, it is INTERRUPTED.
+    kill_attempt_supervisor(s.ws)
     said = " ".join(stderr.split())  # the terminal's lines are wrapped
     assert "gemini: Gemini CLI 0.61.0" in said and "login: API key (GEMINI_API_KEY)" in said
     assert said.count("the API is busy or limiting") == 2 and "run failed" not in said

@@ -87,4 +87,5 @@ def test_a_cli_resume_of_a_deployment_runs_session_says_it_runs_as_a_new_run(pre
     resumed = labrun("resume", str(ws), env=prefect_server.env)
     assert resumed.returncode == 0, resumed.stderr
     said = " ".join(resumed.stdout.split())
-    assert f"the deployment run resumed-by-hand ({run.id}); this resume runs here as a new flow run" in said, said
+    name = session_run_name(ws)
+    assert f"the deployment run {name} ({run.id}); this resume runs here as a new flow run" in said, said

@@ -10,6 +10,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from labrun.run_params import session_run_name
 from labrun.serving import NOTIFY_AUTOMATION
 from labrun.serving.prepare import ensure_notify_automation
 
@@ -56,19 +57,19 @@ def test_a_session_that_fails_awaits_review_and_completes_reaches_the_webhook(pr
                         check=False, env={**prefect_server.env, "LABRUN_SCRIPTED_FAULTS": "raise@planning:1"})
         assert failed.returncode != 0, failed.stdout
         told = receiver.wait_for(1)[0]
-        assert told["subject"] == "labrun: told-it-failed Failed", told
+        assert told["subject"] == f"labrun: {session_run_name(tmp_path / 'told-it-failed')} Failed", told
         assert "injected failure at planning turn 1" in told["body"], told
 
         # A deployment run that waits for a review, and completes once approved.
         ws = tmp_path / "told-it-waits"
         run_id = str(submit_run(idea, ws, agent="scripted", review_after=["planning"]).id)
         told = receiver.wait_for(2, timeout_s=180)[1]
-        assert told["subject"] == "labrun: told-it-waits Suspended", told
+        assert told["subject"] == f"labrun: {session_run_name(ws)} Suspended", told
         assert f"{prefect_server.ui_url}/runs/flow-run/{run_id}" in told["body"], told
         labrun("review", str(ws), "--approve", env=prefect_server.env)
         assert wait_for([run_id], timeout_s=240)[run_id].state.type.value == "COMPLETED"
         told = receiver.wait_for(3)[2]
-        assert told["subject"] == "labrun: told-it-waits Completed", told
+        assert told["subject"] == f"labrun: {session_run_name(ws)} Completed", told
         assert "is Completed: session complete; " in told["body"] and "criteria met" in told["body"], told
         time.sleep(3)  # nothing else comes: not the phases' task runs, not a second copy
         assert len(receiver.posted) == 3, receiver.posted
