@@ -300,6 +300,17 @@ class Supervised:
                        report["too_much_output"], timeout_s, max_output_bytes, show_chars)
 
 
+def _egress_lifeline(sandbox: Sandbox | None) -> tuple[int, ...]:
+    """The lifeline of the egress proxy the sandbox goes out through, where this process started
+    it: the supervisor holds it as long as it lives, so the proxy outlives the engine with it."""
+    from labrun.egress import LIFELINES
+
+    if sandbox is None or not sandbox.network or sandbox.egress is None:
+        return ()
+    fd = LIFELINES.get(str(sandbox.egress))
+    return (fd,) if fd is not None else ()
+
+
 def _ours(report: dict) -> bool:
     """A report of this boot's, with an identity to go by."""
     return bool(report) and report.get("boot") is not None and report["boot"] == boot_id()
@@ -329,7 +340,7 @@ def start_supervised(command: str, cwd: Path, log_path: Path, folder_fd: int, re
         with open(log_path, "wb") as log:
             proc = subprocess.Popen([sys.executable, "-I", str(SUPERVISOR)], cwd=cwd, env=env, stdin=subprocess.PIPE,
                                     stdout=log, stderr=log, start_new_session=True,
-                                    pass_fds=(folder_fd, *(lifeline or ())))
+                                    pass_fds=(folder_fd, *(lifeline or ()), *_egress_lifeline(sandbox)))
     finally:
         for fd in lifeline or ():
             os.close(fd)  # the supervisor holds both ends now

@@ -161,6 +161,12 @@ def named_endpoints() -> frozenset[str]:
     return frozenset(json.loads(os.environ.get(ENDPOINTS_VAR) or "[]"))
 
 
+LIFELINES: dict[str, int] = {}
+"""The write end of the stdin of each proxy this process started, by its socket: an attempt's
+supervisor holds a copy (`labrun.commands.start_supervised`), so that an attempt that outlives
+the engine keeps its way out, and the proxy ends with the last of them."""
+
+
 class EgressProxy:
     """The proxy's process for one session: started on its first sandboxed command that may
     use the network, gone at `stop` or with the engine, however the engine ends (its stdin is
@@ -180,6 +186,12 @@ class EgressProxy:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> Path:
+        path = self._start()
+        assert self.proc is not None and self.proc.stdin is not None
+        LIFELINES[str(path)] = self.proc.stdin.fileno()
+        return path
+
+    def _start(self) -> Path:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LABRUN_EGRESS_")}
         if self.domains is not None:
             env[DOMAINS_VAR] = json.dumps(self.domains)
@@ -202,7 +214,11 @@ class EgressProxy:
         return self.socket
 
     def stop(self) -> None:
+        LIFELINES.pop(str(self.socket), None)
         if self.proc is not None:
-            self.proc.stdin.close()  # the proxy kills its process group
-            self.proc.wait()
+            self.proc.stdin.close()  # the proxy kills its process group, and removes its folder
+            try:
+                self.proc.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                return  # an attempt's supervisor holds it too: it ends with that attempt
         shutil.rmtree(self.folder, ignore_errors=True)
