@@ -21,8 +21,10 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labrun.keys import declare_session_keys
-from labrun.secrets import redact_bytes
+from labrun.idea import IdeaError, load_idea
+from labrun.keys import session_keys
+from labrun.secrets import declare, redact_bytes
+from labrun.state import load_state
 from labrun.snapshot import CACHE_MARKER, ENVIRONMENT_MARKERS, ENVIRONMENT_NAMES, SKIPPED_NAMES
 from labrun.workspace import Workspace
 from labrun.wsfs import Refused
@@ -52,6 +54,17 @@ def left_out(name: str) -> bool:
     """A file or folder name that is never the study's."""
     return (name.startswith(".") or name in SKIPPED_NAMES or name in ENVIRONMENT_NAMES
             or any(fnmatch.fnmatch(name, pattern) for pattern in KEY_FILES))
+
+
+def declare_session_keys(ws: Workspace) -> None:
+    """Declare the keys of the session in `ws` secret, as the session itself does: a key
+    passed as SERVICE_ACCESS is redacted too. Raises OSError or ValueError (one line) when the
+    session's idea or state cannot be read."""
+    try:
+        idea_keys = load_idea(ws.idea_copy).api_keys
+    except IdeaError as e:
+        raise ValueError(str(e)) from None
+    declare(k.name for k in session_keys(idea_keys, load_state(ws)[0].pass_env))
 
 
 def export(workspace: str | Path, target: str | Path) -> Bundled:

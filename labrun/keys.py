@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Iterable, Mapping
 
 if TYPE_CHECKING:
     from labrun.idea import Idea
-    from labrun.workspace import Workspace
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # What in an idea's text says its runs call a hosted model or another paid API: a provider
@@ -61,22 +60,6 @@ def session_keys(idea_keys: Iterable[str], passed: Iterable[str]) -> list[Key]:
     for name in passed:
         keys.setdefault(name, Key(name, "--pass-env"))
     return list(keys.values())
-
-
-def declare_session_keys(ws: "Workspace") -> None:
-    """Declare the keys of the session in `ws` secret (`labrun.secrets.declare`), as the
-    session itself does: a process that shows or hands on what the session wrote (`labrun
-    export`) redacts a key passed as SERVICE_ACCESS too. Raises OSError or ValueError (one
-    line) when the session's idea or state cannot be read."""
-    from labrun.idea import IdeaError, load_idea
-    from labrun.secrets import declare
-    from labrun.state import load_state
-
-    try:
-        idea_keys = load_idea(ws.idea_copy).api_keys
-    except IdeaError as e:
-        raise ValueError(str(e)) from None
-    declare(k.name for k in session_keys(idea_keys, load_state(ws)[0].pass_env))
 
 
 def unset(keys: Iterable[Key], environ: Mapping[str, str] | None = None) -> list[Key]:
