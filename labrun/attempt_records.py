@@ -28,8 +28,7 @@ class AttemptRecords:
 
     def new(self, phase_key: str, inp, files_before: dict[str, str]) -> Attempt:
         """Attempt n, RUNNING; `files_before` is the workspace as it found it."""
-        state = self.store.state
-        with self.store.transaction():
+        with self.store.transaction() as state:
             n = len(state.attempts) + 1
             attempt = Attempt(
                 n=n,

@@ -560,7 +560,9 @@ class StateStore:
         fcntl.flock(self._file_lock, fcntl.LOCK_EX)
         try:
             if self.ws.state_identity() != self._seen:  # another store saved it since
-                self.state, _ = load_state(self.ws)
+                fresh, _ = load_state(self.ws)
+                for name in type(fresh).model_fields:  # in place: whoever holds `state` sees it
+                    setattr(self.state, name, getattr(fresh, name))
                 self._seen = self.ws.state_identity()
         except BaseException:
             self._release_file()
