@@ -63,13 +63,18 @@ def boot_id() -> str | None:
         return None
 
 
-def write_report(folder_fd: int, name: str, report: dict) -> None:
-    part = f".{name}.part"
+def _new_file(folder_fd: int, name: str) -> int:
+    """`name` in the folder, made anew (never opened through a link left in its place)."""
     try:
-        os.unlink(part, dir_fd=folder_fd)
+        os.unlink(name, dir_fd=folder_fd)
     except FileNotFoundError:
         pass
-    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=folder_fd)
+    return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=folder_fd)
+
+
+def write_report(folder_fd: int, name: str, report: dict) -> None:
+    part = f".{name}.part"
+    fd = _new_file(folder_fd, part)
     with os.fdopen(fd, "w") as f:
         json.dump(report, f, sort_keys=True)
         f.flush()
@@ -104,12 +109,7 @@ cannot keep its end from being written."""
 
 
 def _room_for_the_end(folder_fd: int, name: str) -> int:
-    end = f".{name}.end"
-    try:
-        os.unlink(end, dir_fd=folder_fd)
-    except FileNotFoundError:
-        pass
-    fd = os.open(end, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=folder_fd)
+    fd = _new_file(folder_fd, f".{name}.end")
     os.posix_fallocate(fd, 0, END_ROOM)
     return fd
 
