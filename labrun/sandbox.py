@@ -27,7 +27,7 @@ A command inside the sandbox sees:
   sandbox needs is laid over the covered homes: the workspace, the session's home, /tmp and
   the Python installation labrun's helpers run on;
 - a private /tmp (a folder of the session's, so that it lasts from one command to the next)
-  and a private /dev (with the GPUs);
+  and a private /dev (with the GPUs: an attempt's own alone, `Sandbox.with_gpus`);
 and it dies with the engine, however the engine dies.
 
 bwrap's own `--die-with-parent` leaves a window of some milliseconds after bwrap starts (it
@@ -44,11 +44,12 @@ import json
 import logging
 import os
 import pwd
+import re
 import shlex
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterable
@@ -56,6 +57,7 @@ from typing import Iterable
 import psutil
 
 from labrun.egress import BRIDGE_PORT, PROXY_URL, PROXY_VARIABLES
+from labrun.gpus import Claim
 from labrun.interrupts import dies_with_labrun
 from labrun.settings import settings
 from labrun.wsfs import Beneath
@@ -63,7 +65,10 @@ from labrun.wsfs import Beneath
 log = logging.getLogger("labrun")
 
 HOW_TO_INSTALL = "install bubblewrap (Debian and Ubuntu: `apt-get install bubblewrap`; Fedora: `dnf install bubblewrap`)"
-GPU_DEVICES = ("/dev/nvidia*", "/dev/dri", "/dev/kfd")
+DEV = Path("/dev")
+GPU_DEVICES = ("nvidia*", "dri", "kfd")
+"""The GPUs' nodes under /dev: NVIDIA's (one per GPU, /dev/nvidia<minor>, and the driver's
+shared ones: nvidiactl, nvidia-uvm, nvidia-caps...), and AMD's and Intel's."""
 _BASE = ("--unshare-pid", "--unshare-net", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
          "--ro-bind", "/", "/", "--dev", "/dev")
 PID_NAMESPACE = ("--dev-bind", "/", "/", "--unshare-pid", "--die-with-parent")
@@ -147,6 +152,13 @@ class Sandbox:
     mounted_from: Path | None = None
     """The folder shown at the workspace's path instead of the workspace (a reproduction's
     rebuilt copy: the command sees the paths it saw, and the workspace is out of its reach)."""
+    gpu_minors: tuple[int, ...] | None = None
+    """The NVIDIA GPUs whose /dev/nvidia<minor> is bound (`with_gpus`); None: every GPU's."""
+
+    def with_gpus(self, claim: Claim) -> Sandbox:
+        """This sandbox with only `claim`'s NVIDIA GPUs bound (all of them where their minors
+        are unknown; none for a claim of none)."""
+        return replace(self, gpu_minors=claim.minors)
 
     def wrap(self, argv: list[str], lifeline: int) -> list[str]:
         """`argv` run inside the sandbox (which needs `bubblewrap()`). `lifeline` is the read
@@ -156,7 +168,7 @@ class Sandbox:
         assert bwrap is not None, "Sandbox.wrap needs bubblewrap"
         self.tmp.mkdir(parents=True, exist_ok=True)
         args = [bwrap, *_BASE]
-        for device in sorted(d for pattern in GPU_DEVICES for d in glob.glob(pattern)):
+        for device in gpu_nodes(self.gpu_minors):
             args += ["--dev-bind", device, device]
         args += ["--proc", "/proc", "--tmpfs", "/run"]
         # Deny by default: the homes are covered first, and all the sandbox shows is laid over
@@ -190,6 +202,17 @@ class Sandbox:
             args += ["--ro-bind", str(self.egress), EGRESS_SOCKET, *proxy_variables(self.no_proxy)]
             before = bridge(EGRESS_SOCKET)
         return [*args, "--chdir", str(self.workspace), "--", *watched(argv, lifeline, before, keyrings=False)]
+
+
+def gpu_nodes(minors: tuple[int, ...] | None = None) -> list[str]:
+    """The GPUs' nodes under /dev (`DEV`) a sandbox binds: with `minors`, of NVIDIA's per-GPU nodes
+    (/dev/nvidia<N>) only those; the driver's shared nodes, which every CUDA program opens,
+    and the other vendors' (which labrun does not share out) always."""
+    nodes = sorted(str(d) for pattern in GPU_DEVICES for d in DEV.glob(pattern))
+    if minors is None:
+        return nodes
+    per_gpu = re.compile(r"nvidia(\d+)")
+    return [n for n in nodes if not (m := per_gpu.fullmatch(Path(n).name)) or int(m.group(1)) in minors]
 
 
 def own_folder(path: Path) -> None:
