@@ -17,7 +17,7 @@ from labrun.snapshot import changed
 from labrun.state import Attempt, StateStore
 from labrun.workspace import Workspace
 
-ENDED = {"status", "exit_code", "duration_s", "error", "metrics", "outputs", "unmeasured", "echoed", "task_run"}
+ENDED = {"status", "exit_code", "duration_s", "error", "metrics", "outputs", "unmeasured", "echoed", "task_run", "gpus"}
 """What an attempt's task finds out, for the engine to record."""
 
 
@@ -41,6 +41,8 @@ class AttemptRecords:
                 metrics_file=inp.metrics_file,
                 log=str(self.ws.attempt_log(n).relative_to(self.ws.root)),
                 branch=state.branch,
+                background=inp.run_in_background,
+                gpu_count=inp.gpus,
             )
             self.ws.write_json(self.files_path(n), {"before": files_before, "wrote": None})
             state.attempts.append(attempt)
@@ -89,6 +91,11 @@ class AttemptRecords:
         files["wrote"] = sorted(set(changed(files["before"], files_after)) | set(rewritten))
         files["after"] = {k: files_after[k] for k in files["wrote"] if k in files_after}  # what it wrote, as evidence
         self.ws.write_json(self.files_path(n), files)
+
+    def stop_path(self, n: int) -> Path:
+        """Written by the engine that ends attempt n (`stop_experiment`), for its task to see
+        while it waits to start."""
+        return self.ws.attempts / f"attempt-{n:03d}.stop"
 
     def supervisor_path(self, n: int) -> Path:
         return self.ws.attempts / f"attempt-{n:03d}.supervisor.json"

@@ -319,16 +319,18 @@ def _ours(report: dict) -> bool:
 def start_supervised(command: str, cwd: Path, log_path: Path, folder_fd: int, report: str,
                      read: Callable[[], dict], timeout_s: float, max_output_bytes: int,
                      sandbox: Sandbox | None = None, keys: Iterable[str] = (),
-                     keep: bool = False) -> Supervised:
+                     keep: bool = False, env: dict[str, str] | None = None, hold: Iterable[int] = ()) -> Supervised:
     """Start `command` under a supervisor in a session of its own, which writes its report
     `report` into the folder `folder_fd` (the engine's, opened without following links) and
     enforces `timeout_s` and `max_output_bytes` itself; returns once the command has started
     (its group is in the report) or the supervisor ended. As `run_command` runs it (bash, the
     scrubbed environment with `keys`, the sandbox), but the sandbox's lifeline is the
-    supervisor's. Unless `keep`, a second Ctrl-C kills it (`running_groups`)."""
+    supervisor's. Unless `keep`, a second Ctrl-C kills it (`running_groups`). `env`: variables
+    the command gets besides (its GPUs); `hold`: descriptors the supervisor holds as long as it
+    lives (its GPUs' locks, `labrun.gpus`)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     argv = ["bash", "-c", command]
-    env = scrubbed_env(keys)
+    env = {**scrubbed_env(keys), **(env or {})}
     lifeline: tuple[int, int] | None = None
     if execution(sandbox).name == "bubblewrap":
         assert sandbox is not None
@@ -340,7 +342,7 @@ def start_supervised(command: str, cwd: Path, log_path: Path, folder_fd: int, re
         with open(log_path, "wb") as log:
             proc = subprocess.Popen([sys.executable, "-I", str(SUPERVISOR)], cwd=cwd, env=env, stdin=subprocess.PIPE,
                                     stdout=log, stderr=log, start_new_session=True,
-                                    pass_fds=(folder_fd, *(lifeline or ()), *_egress_lifeline(sandbox)))
+                                    pass_fds=(folder_fd, *(lifeline or ()), *_egress_lifeline(sandbox), *hold))
     finally:
         for fd in lifeline or ():
             os.close(fd)  # the supervisor holds both ends now

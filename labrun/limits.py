@@ -4,6 +4,7 @@ turns its work may take."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from labrun.idea import Idea
@@ -12,6 +13,9 @@ from labrun.phase_registry import Phase
 from labrun.state import DEFAULT_TIME_LIMIT_S, SessionState, StateStore, session_clock
 from labrun.usage import Budget, Usage
 from labrun.workspace import Workspace
+
+
+DEFAULT_PARALLEL_ATTEMPTS = 4
 
 
 class Limits:
@@ -39,6 +43,15 @@ class Limits:
 
     def max_turns(self, phase: Phase) -> int:
         return self.store.state.max_turns or phase.max_turns
+
+    @property
+    def parallel_attempts(self) -> int:
+        """Experiment attempts that may run at once: the session's `--parallel-attempts`, else the
+        idea's constraints.parallel_attempts, else 4; never more than the CPUs."""
+        constraints = self.idea.constraints
+        asked = (self.store.state.parallel_attempts or (constraints.parallel_attempts if constraints else None)
+                 or DEFAULT_PARALLEL_ATTEMPTS)
+        return max(1, min(asked, os.cpu_count() or 1))
 
     @property
     def time_limit_s(self) -> int:

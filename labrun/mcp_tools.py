@@ -1,8 +1,7 @@
 """The engine's tools over MCP, for a coding CLI that brings its own shell and editor.
 
-`ToolServer` serves some of the `ToolBox` tools (by default `run_experiment` and
-`complete_phase`) to exactly one MCP client per CLI run, with no listener anything else can
-reach and no token. The CLI starts labrun's relay (`labrun/mcp_relay.py`, run from its text)
+`ToolServer` serves the `ToolBox` tools other than its shell and editor (`ENGINE_TOOLS`) to
+exactly one MCP client per CLI run, with no listener anything else can reach and no token. The CLI starts labrun's relay (`labrun/mcp_relay.py`, run from its text)
 as a stdio MCP server (`relay`); the relay connects to a Unix socket in a folder of the
 engine's under /tmp, which the sandbox and the namespaces a CLI runs in replace with their
 own (the CLI's namespace gets the socket bound in, `socket` on the machine); the engine
@@ -40,7 +39,7 @@ from mcp.server.stdio import stdio_server
 from labrun.sandbox import interpreter
 from labrun.tools import ToolBox, ToolResult, tool_specs
 
-ENGINE_TOOLS = ("run_experiment", "complete_phase")
+ENGINE_TOOLS = ("run_experiment", "experiment_output", "stop_experiment", "complete_phase")
 log = logging.getLogger("labrun")
 
 

@@ -314,6 +314,7 @@ def interrupted_tool(name: str) -> str:
     return _tidy(env.get_template("interrupted_tool.md.j2").render(name=name))
 
 
-def reattached_tool() -> str:
-    """The head of the result of a `run_experiment` call whose attempt outlived the engine."""
-    return _tidy(env.get_template("reattached_tool.md.j2").render())
+def reattached_tool(running: bool = False) -> str:
+    """The head of the result of a `run_experiment` call whose attempt outlived the engine
+    (`running`: one in the background, which it follows again)."""
+    return _tidy(env.get_template("reattached_tool.md.j2").render(running=running))

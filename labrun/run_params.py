@@ -38,6 +38,9 @@ class RunParams(BaseModel):
         "The agent's own spending limit in US dollars; else the session's, or the idea's "
         "constraints.agent_budget."))
     max_turns: int | None = Field(None, ge=1, description="Turns a phase may take; else each phase's own.")
+    parallel_attempts: int | None = Field(None, ge=1, description=(
+        "Experiment attempts that may run at once; else the session's, the idea's "
+        "constraints.parallel_attempts, or 4 (never more than the worker's CPUs)."))
     with_phases: list[Annotated[str, Field(json_schema_extra={"enum": PHASES})]] | None = Field(None, description=(
         "Optional phases a new session runs too (e.g. resources, paper), besides those its idea asks "
         "for; a session keeps the phases it started with."))

@@ -144,7 +144,8 @@ class Session:
                 session._check_paper_style(paper_style)
                 with store.transaction():  # what opening changes is saved once
                     session._migrate()
-                    session._take_options(agent, model, budget_usd, max_turns, network, list(pass_env))
+                    session._take_options(agent, model, budget_usd, max_turns, network, list(pass_env),
+                                          run.parallel_attempts)
                     session._take_reviews(review_after)
                     session.records.reconcile()
             else:
@@ -164,6 +165,7 @@ class Session:
                     experiments_budget_usd=idea.budget_usd,
                     time_limit_s=idea.constraints.time_limit,
                     max_turns=max_turns,
+                    parallel_attempts=run.parallel_attempts,
                     phases={k: PhaseRecord() for k in keys},
                     paper_style=(style or DEFAULT_STYLE) if "paper" in keys else None,
                     plan=Plan.for_criteria(idea.evaluation_criteria),
@@ -254,7 +256,8 @@ class Session:
                 state.budget_from = "--budget-usd" if state.budget_usd is not None else "none"
 
     def _take_options(self, agent: str | None, model: str | None, budget_usd: float | None,
-                max_turns: int | None, network: bool | None, pass_env: list[str]) -> None:
+                max_turns: int | None, network: bool | None, pass_env: list[str],
+                parallel_attempts: int | None = None) -> None:
         """A resume keeps the session's settings unless told otherwise; keys passed with
         `--pass-env` add to the session's."""
         added = [n for n in dict.fromkeys(pass_env) if n not in self.confinement.key_names()]
@@ -263,6 +266,8 @@ class Session:
             self.store.event(f"the experiments' commands get {', '.join(added)} too from now on (--pass-env)")
         if max_turns is not None:
             self.state.max_turns = max_turns
+        if parallel_attempts is not None:
+            self.state.parallel_attempts = parallel_attempts
         if agent and agent != self.state.agent:
             self.state.agent = agent
         if model and model != self.state.model:

@@ -126,6 +126,12 @@ class Attempt(BaseModel):
     echoed: dict[str, str] = Field(default_factory=dict)
     """Metric → where its value is written rather than computed (`labrun.evidence.echoed`): not
     measured, whatever the rest."""
+    background: bool = False
+    """Started with `run_in_background`: the agent's turn went on while it ran."""
+    gpu_count: int = 0
+    """The GPUs it asked for (`run_experiment`'s `gpus`)."""
+    gpus: list[str] = Field(default_factory=list)
+    """The GPUs it held, as CUDA_VISIBLE_DEVICES names them (`labrun.gpus`)."""
 
 
 class Branch(BaseModel):
@@ -218,6 +224,8 @@ class SessionState(BaseModel):
     """Time the engine has spent on this session, across all its runs."""
     max_turns: int | None = None
     """Overrides every phase's turn limit when set."""
+    parallel_attempts: int | None = None
+    """Experiment attempts that may run at once (`--parallel-attempts`), when set."""
     paper_style: str | None = None
     """The paper phase's LaTeX style (`templates/paper_styles/`), when it has that phase."""
     network: bool = True

@@ -12,11 +12,12 @@ import json
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Protocol
 
 from pydantic import BaseModel, Field, ValidationError, create_model
 
 from labrun.commands import run_command
+from labrun.gpus import devices as gpu_devices
 from labrun.plan import PLAN_FIELDS, coverage
 from labrun.resources import TEMPLATES
 from labrun.secrets import redact
@@ -48,6 +49,18 @@ class RunExperimentInput(BaseModel):
     metrics_file: str | None = Field(default=None, description="JSON file of metrics it writes.")
     fix_applied: str | None = Field(default=None, description="After a failure: what you changed.")
     run_id: str | None = Field(default=None, description="The id of the planned run this attempt serves (R1, …).")
+    run_in_background: bool = Field(default=False, description=(
+        "True: return at once with the attempt's number; follow it with experiment_output."))
+    gpus: int = Field(default=0, ge=0, description="GPUs the attempt gets for itself (0: it sees none).")
+
+
+class ExperimentOutputInput(BaseModel):
+    attempt: int = Field(description="The attempt's number.")
+    wait_s: int = Field(default=0, ge=0, le=600, description="Seconds to wait for it to end (at most 600).")
+
+
+class StopExperimentInput(BaseModel):
+    attempt: int = Field(description="The number of a running attempt.")
 
 
 def complete_phase_input(phases: Iterable[str] | None = None) -> type[BaseModel]:
@@ -91,6 +104,8 @@ def tool_specs(phases: Iterable[str] | None = None) -> list[dict[str, Any]]:
         {"type": "bash_20250124", "name": "bash"},
         {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"},
         _custom_tool("run_experiment", RunExperimentInput),
+        _custom_tool("experiment_output", ExperimentOutputInput),
+        _custom_tool("stop_experiment", StopExperimentInput),
         _custom_tool("complete_phase", complete_phase_input(None if phases is None else tuple(phases))),
     ]
 
@@ -113,15 +128,38 @@ class ToolError(Exception):
     """A mistake of the agent's, reported back to it as an error result."""
 
 
-StartAttempt = Callable[["Session", str, RunExperimentInput], "Attempt"]
-"""Runs one experiment attempt for a phase (the phase layer's Prefect subtask)."""
+OWN_TOOLS = ("bash", "str_replace_based_edit_tool")
+"""The agent's own shell and editor, as against the engine's tools."""
+
+
+class Experiments(Protocol):
+    """A phase's experiment attempts, each the phase layer's Prefect subtask
+    (`labrun.phases.attempts.PhaseAttempts`)."""
+
+    def run(self, inp: RunExperimentInput) -> "Attempt":
+        """Attempt n started: ended when it returns, or RUNNING with `inp.run_in_background`."""
+
+    def output(self, n: int, wait_s: float) -> tuple["Attempt", str]:
+        """Attempt n after waiting up to `wait_s` for its end, and its output since the last call."""
+
+    def stop(self, n: int) -> "Attempt":
+        """Running attempt n ended, recorded as stopped by the agent."""
+
+    def running(self) -> list[int]:
+        """This phase's attempts still running."""
+
+    def ended_since(self) -> list["Attempt"]:
+        """Background attempts that ended since the last call, each told once."""
+
+    def watch(self, call: Callable[[], str]) -> str:
+        """`call()`, one of the agent's own tools, noting which running attempts' files it changed."""
 
 
 class ToolBox:
-    def __init__(self, session: "Session", phase: Phase, start_attempt: StartAttempt):
+    def __init__(self, session: "Session", phase: Phase, experiments: Experiments):
         self.session = session
         self.phase = phase
-        self.start_attempt = start_attempt
+        self.experiments = experiments
         self.root = session.ws.root
         self.completed: str | None = None
         """The summary, once `complete_phase` succeeded."""
@@ -133,6 +171,8 @@ class ToolBox:
             "bash": (BashInput, self.bash),
             "str_replace_based_edit_tool": (EditorInput, self.edit),
             "run_experiment": (RunExperimentInput, self.run_experiment),
+            "experiment_output": (ExperimentOutputInput, self.experiment_output),
+            "stop_experiment": (StopExperimentInput, self.stop_experiment),
             "complete_phase": (complete_phase_input(), self.complete_phase),
         }.get(name)
         if handler is None:
@@ -140,7 +180,11 @@ class ToolBox:
         self.session.ws.check_disk()  # DiskFull stops the phase: no step starts on a full disk
         schema, fn = handler
         try:
-            return ToolResult(redact(fn(schema.model_validate(raw_input))))
+            inp = schema.model_validate(raw_input)
+            # The agent's own commands beside running attempts: what they change of those
+            # attempts' files is noted (`Experiments.watch`).
+            text = self.experiments.watch(lambda: fn(inp)) if name in OWN_TOOLS else fn(inp)
+            return ToolResult(redact(text + self._ended_note()))
         except ValidationError as e:
             problems = "; ".join(
                 f"{'.'.join(map(str, err['loc'])) or 'input'}: {err['msg']}" for err in e.errors()
@@ -248,11 +292,41 @@ class ToolBox:
         if inp.run_id is not None and runs and inp.run_id not in runs:
             raise ToolError(f"Refused, not run: run_id {inp.run_id} is not in the run list "
                             f"({', '.join(runs)}); give a planned run's id, or none for a check that serves no run.")
-        return self.attempt_report(self.start_attempt(self.session, self.phase.key, inp))
+        if inp.gpus and inp.gpus > (have := len(gpu_devices())):
+            raise ToolError(f"Refused, not run: {inp.gpus} GPUs asked for; this machine gives labrun {have or 'none'}.")
+        return self.attempt_report(self.experiments.run(inp))
+
+    def experiment_output(self, inp: ExperimentOutputInput) -> str:
+        attempt, output = self.experiments.output(self._own(inp.attempt), inp.wait_s)
+        if attempt.status != "RUNNING":
+            return self.attempt_report(attempt) + ("\nOutput since the last look:\n" + output if output else "")
+        return f"Attempt {attempt.n}: RUNNING\nOutput since the last look:\n{output or '(none)'}"
+
+    def stop_experiment(self, inp: StopExperimentInput) -> str:
+        n = self._own(inp.attempt)
+        if self.session.state.attempts[n - 1].status != "RUNNING":
+            raise ToolError(f"attempt {n} is not running ({self.session.state.attempts[n - 1].status})")
+        return self.attempt_report(self.experiments.stop(n))
+
+    def _own(self, n: int) -> int:
+        """An attempt of this session's, by its number."""
+        if not 1 <= n <= len(self.session.state.attempts):
+            raise ToolError(f"no attempt {n}: this session has {len(self.session.state.attempts)}")
+        return n
+
+    def _ended_note(self) -> str:
+        """Told after whatever call comes next: background attempts that ended meanwhile."""
+        ended = self.experiments.ended_since()
+        return "".join(f"\n[attempt {a.n}, run in the background, ended: {a.status}; "
+                       f"experiment_output({a.n}) shows its record]" for a in ended)
 
     def attempt_report(self, attempt: "Attempt", note: str | None = None) -> str:
-        """What `run_experiment` answers about an attempt that ended; `note`, a paragraph
-        after its first line (the attempt's number and status, always first)."""
+        """What `run_experiment` answers about an attempt: its record once it ended; `note`, a
+        paragraph after its first line (the attempt's number and status, always first)."""
+        if attempt.status == "RUNNING":
+            return "\n".join([f"Attempt {attempt.n}: RUNNING in the background", *([note] if note else []),
+                              f"experiment_output({attempt.n}) shows its output and status; "
+                              f"stop_experiment({attempt.n}) ends it."])
         runs = self.session.state.plan.run_ids()
         metrics = ", ".join(f"{k}={v}" for k, v in attempt.metrics.items()) or "none"
         done = sum(r.state == "done" for r in coverage(self.session.state.plan, self.session.state.live_attempts()))
@@ -285,6 +359,10 @@ class ToolBox:
     def complete_phase(self, inp: BaseModel) -> str:
         given = {k: v for k, v in inp.sections.model_dump().items() if v and v.strip()}
         parts = inp.model_dump(include=set(PLAN_FIELDS), exclude_none=True)
+        if running := self.experiments.running():
+            raise ToolError(f"Attempt{'s' if len(running) > 1 else ''} {', '.join(map(str, running))} still "
+                            f"run{'' if len(running) > 1 else 's'}: wait for {'them' if len(running) > 1 else 'it'} "
+                            "(experiment_output with wait_s) or end it (stop_experiment), then call complete_phase again.")
         unread = [k for k in parts if k not in self.phase.fields]
         if unread:
             takes = ", ".join(self.phase.fields) or "none of them"

@@ -7,17 +7,24 @@ journal holds the agent's view of it, STATE.md the researcher's.
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import logging
 import math
 import os
 import re
 import stat
+import threading
+import time
+from contextlib import contextmanager
+from typing import Callable
 
 from prefect.context import TaskRunContext
 from prefect.states import Failed, State
 
+from labrun import gpus
 from labrun.commands import start_supervised
+from labrun.model import UsageWindowSpent
 from labrun.crashpoints import crashpoint
 from labrun.evidence import echoed, kept_text, shell_writer, unmeasured
 from labrun.phases.execution import TaskSpec, engine_task, execute
@@ -36,16 +43,198 @@ MAX_METRICS_BYTES = 10_000_000
 DISK_FULL = os.strerror(errno.ENOSPC)  # "No space left on device"
 
 
-def start_attempt(session: Session, phase_key: str, inp: RunExperimentInput) -> Attempt:
-    files = workspace_files(session.ws.root)
-    refuse_if_repeated(session, phase_key, inp, files)
-    keep_copies(session.ws.root, files, session.ws.kept)  # so that the engine can run it again
-    attempt = session.records.new(phase_key, inp, files)
-    ended = execute("attempt", AttemptSpec.of(session, n=attempt.n))
-    session.records.record(attempt.n, ended)
-    if settings().tasks_in != "here":
-        session.store.log(f"attempt {attempt.n} ran in process {ended['pid']} (LABRUN_TASKS_IN={settings().tasks_in})")
-    return session.state.attempts[attempt.n - 1]
+OUTPUT_CHARS = 20_000
+"""The most of an attempt's new output one `experiment_output` call returns (its end)."""
+
+
+class PhaseAttempts:
+    """A phase's experiment attempts (`labrun.tools.Experiments`). Each is a Prefect subtask
+    (`experiment_attempt`) run in the agent's turn or, with `run_in_background`, in a thread
+    of its own that records it as it ends while the turn goes on. At most
+    `Limits.parallel_attempts` run at once; a later one waits for a slot, and says so in its
+    run file (`AttemptRecords.run`)."""
+
+    def __init__(self, session: Session, phase_key: str):
+        self.session = session
+        self.phase_key = phase_key
+        self.done: dict[int, threading.Event] = {}
+        """This phase's attempts started or re-attached here, set once recorded."""
+        self.seen: dict[int, int] = {}
+        """How much of each attempt's log `output` has returned."""
+        self.told: set[int] = set()
+        self.stopped: dict[int, str] = {}
+        """Attempts this engine ends, and why."""
+        self.touched: dict[int, set[str]] = {}
+        """Files of a running attempt's (its metrics file, its outputs) that the agent's own tools
+        changed beside it: not its measurement alone."""
+        self.live = 0
+        self.turn = threading.Condition()
+        self.abandoned = False
+
+    # -- the tools ----------------------------------------------------------------------------
+
+    def run(self, inp: RunExperimentInput) -> Attempt:
+        session = self.session
+        files = workspace_files(session.ws.root)
+        refuse_if_repeated(session, self.phase_key, inp, files)
+        self._refuse_if_shared(inp)
+        keep_copies(session.ws.root, files, session.ws.kept)  # so that the engine can run it again
+        attempt = session.records.new(self.phase_key, inp, files)
+        if not inp.run_in_background:
+            return self._finish(attempt.n)
+        self._in_background(attempt.n)
+        return session.state.attempts[attempt.n - 1]
+
+    def output(self, n: int, wait_s: float) -> tuple[Attempt, str]:
+        if n in self.done:
+            self.done[n].wait(wait_s)
+        attempt = self.session.state.attempts[n - 1]
+        if attempt.status != "RUNNING":
+            self.told.add(n)
+        return attempt, self._new_output(n)
+
+    def stop(self, n: int, why: str = "stopped by the agent (stop_experiment)") -> Attempt:
+        if n not in self.done:
+            phase = self.session.state.attempts[n - 1].phase
+            raise ToolError(f"attempt {n} is not one of this phase's running attempts (it is {phase}'s)")
+        self.stopped[n] = why
+        self.session.ws.write_json(self.session.records.stop_path(n), {"why": why}, durable=False)
+        while not self.done[n].wait(0.2):  # its supervisor may start any moment: killed once it has
+            supervised = self.session.records.supervised(n)
+            if supervised.read().get("pid"):
+                supervised.stop()
+        self.told.add(n)
+        return self.session.state.attempts[n - 1]
+
+    def running(self) -> list[int]:
+        return [a.n for a in self.session.state.attempts if a.status == "RUNNING" and a.phase == self.phase_key]
+
+    def ended_since(self) -> list[Attempt]:
+        ended = [self.session.state.attempts[n - 1] for n, e in self.done.items()
+                 if e.is_set() and n not in self.told and self.session.state.attempts[n - 1].background]
+        self.told.update(a.n for a in ended)
+        return ended
+
+    # -- the engine's side --------------------------------------------------------------------
+
+    def adopt(self, n: int) -> Attempt:
+        """Attempt n, left RUNNING by an engine that stopped while its command ran on under its
+        supervisor: waited for (or found ended) and judged, once; never started again. A
+        background attempt is followed in the background again, the others before this returns."""
+        attempt = self.session.state.attempts[n - 1]
+        if attempt.background:
+            self._in_background(n, reattached=True)
+            return attempt
+        return self._finish(n, reattached=True)
+
+    def watch(self, call: Callable[[], str]) -> str:
+        """Around one of the agent's own tool calls (`bash`, the editor) while attempts run:
+        which of their files it changed (`touched`)."""
+        running = [self.session.state.attempts[n - 1] for n in self.running()]
+        watched = {p: [a.n for a in running if p in (a.metrics_file, *a.outputs)]
+                   for a in running for p in (a.metrics_file, *a.outputs) if p}
+        before = {p: _identity(self.session, p, full=True) for p in watched}
+        try:
+            return call()
+        finally:
+            for p, owners in watched.items():
+                if _identity(self.session, p, full=True) != before[p]:
+                    for n in owners:
+                        self.touched.setdefault(n, set()).add(p)
+
+    def close(self, error: BaseException | None) -> None:
+        """As the phase ends with attempts still running. A signal (Ctrl-C: the engine's
+        interruption ends them, `AttemptRecords.reconcile`) or a spent usage window (the phase
+        runs again and re-attaches) leaves them to their supervisors; any other end stops them,
+        unless LABRUN_KEEP_EXPERIMENTS=on, which leaves them for the resume."""
+        running = [n for n in self.running() if n in self.done]
+        if running and isinstance(error, (Exception, type(None))) and not isinstance(error, UsageWindowSpent) \
+                and not settings().keep_experiments:
+            for n in running:
+                self.stop(n, "the phase ended while it ran")
+        self.abandoned = True
+
+    def _refuse_if_shared(self, inp: RunExperimentInput) -> None:
+        """Two attempts at once never declare the same file: the engine could not tell whose it is."""
+        mine = {p for p in (inp.metrics_file, *inp.outputs) if p}
+        for n in self.running():
+            a = self.session.state.attempts[n - 1]
+            if shared := sorted(mine & {p for p in (a.metrics_file, *a.outputs) if p}):
+                raise ToolError(f"Refused, not run: attempt {n}, still running, writes {', '.join(shared)} too; "
+                                "give this attempt files of its own, or wait for that one.")
+
+    def _in_background(self, n: int, reattached: bool = False) -> None:
+        self.done[n] = threading.Event()
+        context = contextvars.copy_context()  # a subtask of this phase's, as a call here would be
+        threading.Thread(target=context.run, args=(self._finish, n, reattached), daemon=True,
+                         name=f"labrun-attempt-{n}").start()
+
+    def _finish(self, n: int, reattached: bool = False) -> Attempt:
+        """Attempt n run (or re-attached) to its end and recorded."""
+        session = self.session
+        done = self.done.setdefault(n, threading.Event())
+        try:
+            with self._slot(n, reattached):
+                ended = None if n in self.stopped else execute("attempt", AttemptSpec.of(session, n=n))
+        except Exception as e:  # a background attempt's task: recorded, as a call here would be raised
+            if not session.state.attempts[n - 1].background:
+                raise
+            ended = {"status": "INTERRUPTED", "error": f"the engine's task for it failed: {e}"}
+        try:
+            if self.abandoned:
+                return session.state.attempts[n - 1]
+            if ended is None or (n in self.stopped and ended["status"] == "INTERRUPTED"):
+                ended = {**(ended or {}), "status": "INTERRUPTED", "error": self.stopped[n]}
+            metrics_file = session.state.attempts[n - 1].metrics_file
+            if ended["status"] == "SUCCESS" and metrics_file in self.touched.get(n, ()):
+                ended["unmeasured"] = (f"{metrics_file} was changed by one of the agent's own commands while the "
+                                       "attempt ran, so it is not the attempt's measurement alone")
+            session.records.record(n, ended)
+            if "pid" in ended and settings().tasks_in != "here":
+                session.store.log(f"attempt {n} ran in process {ended['pid']} (LABRUN_TASKS_IN={settings().tasks_in})")
+            return session.state.attempts[n - 1]
+        finally:
+            done.set()
+
+    @contextmanager
+    def _slot(self, n: int, reattached: bool):
+        """One of the session's `parallel_attempts` slots, waited for (a re-attached attempt
+        runs already: it takes one at once)."""
+        limit = self.session.limits.parallel_attempts
+        with self.turn:
+            if not reattached and self.live >= limit:
+                self._note_waiting(n, f"waiting for a free slot ({self.live} attempts running, at most {limit} at once)")
+                while self.live >= limit and n not in self.stopped:
+                    self.turn.wait(0.5)
+            self.live += 1
+        try:
+            yield
+        finally:
+            with self.turn:
+                self.live -= 1
+                self.turn.notify_all()
+
+    def _note_waiting(self, n: int, why: str) -> None:
+        run = self.session.records.run(n)
+        self.session.ws.write_json(self.session.records.run_path(n), {**run, "waiting": why}, durable=False)
+
+    def _new_output(self, n: int) -> str:
+        """Attempt n's output since the last look: at most its last `OUTPUT_CHARS` characters
+        (read beneath the workspace, never through a link)."""
+        start = self.seen.get(n, 0)
+        try:
+            fd = self.session.ws.files.open_file(self.session.state.attempts[n - 1].log)
+        except (OSError, Refused):
+            return ""
+        try:
+            size = os.fstat(fd).st_size
+            skipped = max(0, size - start - OUTPUT_CHARS)
+            data = os.pread(fd, size - start - skipped, start + skipped) if size > start else b""
+        finally:
+            os.close(fd)
+        self.seen[n] = start + skipped + len(data)
+        head = f"[... {skipped} bytes skipped; the whole output is in its log ...]\n" if skipped else ""
+        return head + data.decode(errors="replace")
 
 
 def refuse_if_repeated(session: Session, phase_key: str, inp: RunExperimentInput, files: dict[str, str]) -> None:
@@ -106,14 +295,6 @@ def experiment_attempt(spec: AttemptSpec) -> dict | State:
     return record
 
 
-def reattach_attempt(session: Session, n: int) -> Attempt:
-    """Attempt n, left RUNNING by an engine that stopped while its command ran on under its
-    supervisor: its task again, which waits for the command (or finds it ended) and judges it,
-    once; never started again."""
-    session.records.record(n, execute("attempt", AttemptSpec.of(session, n=n)))
-    return session.state.attempts[n - 1]
-
-
 def _run(session: Session, n: int) -> dict:
     """Start attempt n's command under its supervisor (`labrun.supervisor`), or re-attach to
     the one an earlier engine started; wait for its end, and judge it."""
@@ -134,15 +315,28 @@ def _run(session: Session, n: int) -> dict:
         crashpoint("attempt-reattached")
     else:
         noted["found"] = {p: _identity(session, p) for p in watched}
+        try:
+            claim = _claim_gpus(session, attempt, noted)
+            error = None if claim is not None else "stopped before it started"  # while it waited: it never ran
+        except gpus.GpuRefused as e:  # the machine it runs on has fewer
+            claim, error = None, str(e)
+        if claim is None:
+            ended = attempt.model_copy(update=dict(status="INTERRUPTED" if error.startswith("stopped") else "FAILED",
+                                                   task_run=noted["task_run"], error=error)).model_dump()
+            session.ws.write_json(run_file, {**noted, "ended": ended}, durable=False)
+            return {**ended, "pid": os.getpid()}
+        noted.pop("waiting", None)
         session.ws.write_json(run_file, noted, durable=False)  # about this process, not the disk
         folder = session.ws.files.open(session.records.supervisor_path(n).parent, os.O_RDONLY | os.O_DIRECTORY)
         try:
             supervised = start_supervised(
                 attempt.command, session.ws.root, log, folder, session.records.supervisor_path(n).name,
                 supervised.read, timeout_s=session.limits.time_limit_s, max_output_bytes=MAX_OUTPUT_BYTES,
-                sandbox=session.confinement.sandbox(), keys=session.confinement.key_names(), keep=keep)
+                sandbox=session.confinement.sandbox().with_gpus(claim), keys=session.confinement.key_names(),
+                keep=keep, env=claim.env(), hold=claim.fds)
         finally:
             os.close(folder)
+            claim.close()  # the supervisor holds the GPUs now, as long as it lives
         crashpoint("attempt")
     try:
         report = supervised.wait()
@@ -156,7 +350,7 @@ def _run(session: Session, n: int) -> dict:
     if report is None:
         supervised.stop()  # what its command left, if it ran without a sandbox to end it
         ended = attempt.model_copy(update=dict(
-            status="INTERRUPTED", task_run=noted["task_run"],
+            status="INTERRUPTED", task_run=noted["task_run"], gpus=noted.get("gpus", []),
             error="its supervisor ended before its command did (killed, or the machine restarted); "
                   "anything it wrote may be incomplete")).model_dump()
         session.ws.write_json(run_file, {**noted, "ended": ended}, durable=False)
@@ -181,20 +375,49 @@ def _run(session: Session, n: int) -> dict:
         unmeasured=unmeasured(measured, record, kept, session.ws.root),
         echoed=echoed(measured, record, kept, session.ws.root),
         task_run=noted["task_run"],
+        gpus=noted.get("gpus", []),
     )).model_dump()
     session.ws.write_json(run_file, {**noted, "ended": ended}, durable=False)  # recorded by a resume if the engine stops now
     return {**ended, "pid": os.getpid()}
 
 
-def _identity(session: Session, rel: str | None) -> list[int] | None:
+def _identity(session: Session, rel: str | None, full: bool = False) -> list[int] | None:
     """A regular file's inode and modification time (None when there is none, or it is not one
     the engine reads): which tell a file written again from one left alone. A list: noted in
-    the attempt's run file, for a resume that re-attaches to it."""
+    the attempt's run file, for a resume that re-attaches to it. `full`: its change time and
+    size too, which no command sets back."""
     try:
         st = session.ws.files.lstat(rel) if rel else None
     except Refused:
         return None
-    return [st.st_ino, st.st_mtime_ns] if st is not None and stat.S_ISREG(st.st_mode) else None
+    if st is None or not stat.S_ISREG(st.st_mode):
+        return None
+    return [st.st_ino, st.st_mtime_ns, *((st.st_ctime_ns, st.st_size) if full else ())]
+
+
+def _claim_gpus(session: Session, attempt: Attempt, noted: dict) -> gpus.Claim | None:
+    """The GPUs attempt n asked for, waited for until free (its run file says so meanwhile);
+    None when the engine stopped it first."""
+    run_file = session.records.run_path(attempt.n)
+    stop = session.records.stop_path(attempt.n)
+
+    def waiting(why: str) -> None:
+        session.ws.write_json(run_file, {**noted, "waiting": why}, durable=False)
+
+    class Stopped:  # as a `threading.Event` would say it: whether the engine stopped the attempt
+        def wait(self, timeout: float) -> bool:
+            time.sleep(timeout)
+            return session.ws.files.exists(stop)
+
+    try:
+        claim = gpus.claim(attempt.gpu_count, on_wait=waiting, cancelled=Stopped())  # type: ignore[arg-type]
+    except gpus.GpuWaitCancelled:
+        return None
+    if session.ws.files.exists(stop):
+        claim.close()
+        return None
+    noted["gpus"] = claim.ids
+    return claim
 
 
 def judge(session: Session, attempt: Attempt, result) -> tuple[str, str | None, dict, list[str]]:

@@ -21,7 +21,7 @@ from labrun.session import Session
 from labrun.secrets import redact
 from labrun.snapshot import workspace_files
 from labrun.phase_registry import BY_KEY, Phase
-from labrun.phases.attempts import reattach_attempt, start_attempt
+from labrun.phases.attempts import PhaseAttempts
 from labrun.phases.execution import TaskSpec
 from labrun.phases.report_header import stamp_report
 from labrun.phases.reproduction import reproduce
@@ -49,7 +49,7 @@ def engine_steps(session: Session, phase_key: str) -> list:
 
 def toolbox(session: Session, phase: Phase) -> ToolBox:
     """The agent's tools for one phase; its experiment attempts are Prefect subtasks."""
-    return ToolBox(session, phase, start_attempt)
+    return ToolBox(session, phase, PhaseAttempts(session, phase.key))
 
 
 def manifest_digest(manifest: dict[str, Any]) -> str:
@@ -68,24 +68,27 @@ def _cache_key(context, p: dict[str, Any]) -> str:
     return f"labrun-{p['spec'].session_id}-{p['phase_key']}-{p['version']}-{p['upstream']}{branch}{revised}"
 
 
-def reattach(session: Session, phase: Phase, convo: Conversation) -> list[dict[str, Any]]:
+def reattach(tools: ToolBox, convo: Conversation) -> list[dict[str, Any]]:
     """Answer the tool calls a stopped engine cut off, and return those answered as
     interrupted. An attempt whose command ran on under its supervisor (left RUNNING:
     `AttemptRecords.reconcile`) is re-attached: waited for, or found ended, and recorded once;
-    its `run_experiment` call gets its real result. Any other call is answered as cut off."""
+    its `run_experiment` call gets its real result. One run in the background is followed in
+    the background again. Any other call is answered as cut off."""
+    session, phase = tools.session, tools.phase
     running = [a for a in session.state.attempts if a.status == "RUNNING" and a.phase == phase.key]
-    tools = toolbox(session, phase)
     interrupted = []
     for block in convo.unanswered_tool_uses():
-        if block["name"] == "run_experiment" and running and block["input"].get("command") == running[0].command:
-            attempt = reattach_attempt(session, running.pop(0).n)
-            convo.add_tool_result(block["id"], block["name"], redact(tools.attempt_report(attempt, prompts.reattached_tool())),
+        its = [a for a in running if block["input"].get("command") == a.command]
+        if block["name"] == "run_experiment" and its:
+            running.remove(its[0])
+            attempt = tools.experiments.adopt(its[0].n)
+            convo.add_tool_result(block["id"], block["name"], redact(tools.attempt_report(attempt, prompts.reattached_tool(attempt.status == "RUNNING"))),
                                   attempt.status == "INTERRUPTED")
             continue
         convo.add_tool_result(block["id"], block["name"], prompts.interrupted_tool(block["name"]), True)
         interrupted.append(block)
-    for attempt in running:  # no call left to answer (a coding CLI's): recorded all the same
-        reattach_attempt(session, attempt.n)
+    for attempt in running:  # no call left to answer (in the background, or a coding CLI's): recorded all the same
+        tools.experiments.adopt(attempt.n)
     return interrupted
 
 
@@ -131,8 +134,9 @@ def _run(session: Session, spec: TaskSpec, phase_key: str, number: int, version:
         # Saved before the journal moves on past the cut call, so that it is said once at least.
         session.store.log(f"phase {number} {phase_key}: the engine stopped in the model call of turn {cut}; "
                           "if the API had answered it, that reply is lost and its cost is not counted")
+    tools = toolbox(session, phase)
     if convo is not None and convo.completed is None and convo.turns:
-        interrupted = reattach(session, phase, convo)
+        interrupted = reattach(tools, convo)
         if convo.revising:
             event = f"phase {number} of {len(order)} {phase_key} revised at turn {convo.turns + 1}, as its reviewer asked"
         else:
@@ -153,9 +157,16 @@ def _run(session: Session, spec: TaskSpec, phase_key: str, number: int, version:
     session.store.set_phase(phase_key, "IN PROGRESS", event)
 
     start = convo.system
-    if convo.completion() is None:
-        agent = make_agent(session.state.agent, session.state.model, session.ws.root)
-        agent.run_phase(toolbox(session, phase), convo, start.text, session.limits.max_turns(phase), session.limits.budget())
+    error: BaseException | None = None
+    try:
+        if convo.completion() is None:
+            agent = make_agent(session.state.agent, session.state.model, session.ws.root)
+            agent.run_phase(tools, convo, start.text, session.limits.max_turns(phase), session.limits.budget())
+    except BaseException as e:
+        error = e
+        raise
+    finally:
+        tools.experiments.close(error)
     completion = convo.completion()
     for step in engine_steps(session, phase_key):
         step(session)

@@ -80,7 +80,7 @@ def test_the_cli_reaches_its_tools_and_a_later_process_does_not(server, tmp_path
     seen = {}
     with server.listening():
         names = asyncio.run(as_the_cli(server, lambda: seen.update(said=probe(tmp_path, server.socket))))
-    assert names == ["run_experiment", "complete_phase"]
+    assert names == ["run_experiment", "experiment_output", "stop_experiment", "complete_phase"]
     assert server.calls == ["the CLI"]
     assert f"MCP {server.socket} REFUSED" in seen["said"] and "REACHED" not in seen["said"], seen["said"]
     assert not server.socket.exists()

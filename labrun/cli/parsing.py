@@ -203,6 +203,9 @@ def _limits(p: argparse.ArgumentParser) -> None:
                         "constraints.agent_budget, else none; constraints.budget is the experiments')")
     p.add_argument("--max-turns", type=_at_least(1, int), default=None,
                    help="turn limit of every phase (default: each phase's own, 30 to 60)")
+    p.add_argument("--parallel-attempts", type=_at_least(1, int), default=None, metavar="N",
+                   help="experiment attempts that may run at once (default: the idea's "
+                        "constraints.parallel_attempts, else 4; never more than the CPUs)")
     p.add_argument("--no-network", dest="network", action="store_const", const=False, default=None,
                    help="run the agent's commands without network (default: as the session and "
                    "the idea's constraints.network say)")

@@ -77,7 +77,7 @@ def cmd_run(args) -> int:
         _estimate(idea, agent, args, with_phases)
     return run_session(Run(idea_path=args.idea, workspace=args.workspace, agent=agent, model=args.model,
                            budget_usd=args.budget_usd, max_turns=args.max_turns, verbose=args.verbose,
-                           with_phases=list(with_phases), paper_style=args.paper_style, network=args.network,
+                           parallel_attempts=args.parallel_attempts, with_phases=list(with_phases), paper_style=args.paper_style, network=args.network,
                            pass_env=list(keys), review_after=reviewed,
                            start_again=f"{labrun_command()} run {args.idea} --workspace {args.workspace}"))
 
@@ -112,7 +112,7 @@ def cmd_resume(args) -> int:
                       f"and that one keeps its state in the UI (retry it there instead to resume it on a worker)")
     return run_session(Run(workspace=args.workspace, model=args.model, budget_usd=args.budget_usd,
                            max_turns=args.max_turns, verbose=args.verbose, network=args.network,
-                           pass_env=list(keys), review_after=reviewed))
+                           parallel_attempts=args.parallel_attempts, pass_env=list(keys), review_after=reviewed))
 
 
 def cmd_demo(args) -> int:

@@ -1,0 +1,154 @@
+"""Background attempts, as the agent's tools: `run_experiment(run_in_background=true)` returns
+at once, `experiment_output` follows the attempt, `stop_experiment` ends it; several run at
+once up to the session's limit, and the phase cannot complete while one runs. Real sessions,
+real supervised commands (`labrun.supervisor`), real Prefect subtasks."""
+
+from __future__ import annotations
+
+import json
+import uuid
+import time
+
+import pytest
+
+from support import wait_for
+from labrun.phases.phase import toolbox
+from labrun.phase_registry import BY_KEY
+from labrun.supervisor import start_ticks
+from labrun.tools import ToolBox
+
+
+def box(session, phase="experiments") -> ToolBox:
+    return toolbox(session, BY_KEY[phase])
+
+
+def background(b: ToolBox, command: str, **more) -> int:
+    result = b.call("run_experiment", {"command": command, "purpose": "a check", "run_in_background": True, **more})
+    assert not result.is_error and "RUNNING in the background" in result.content, result.content
+    return int(result.content.split()[1].rstrip(":"))
+
+
+def test_a_background_attempt_returns_at_once_and_experiment_output_follows_it_to_its_end(session):
+    (session.ws.root / "src").mkdir()
+    (session.ws.root / "src/count.py").write_text(
+        "import json, sys, time\n"
+        "for i in range(3):\n    print('step', i, flush=True)\n    time.sleep(1)\n"
+        "json.dump({'steps': 3}, open('results/m.json', 'w'))\n")
+    b = box(session)
+    started = time.monotonic()
+    n = background(b, "python3 src/count.py", metrics_file="results/m.json")
+    assert time.monotonic() - started < 2.5  # the turn goes on: the command takes 3 s
+    assert session.state.attempts[n - 1].status == "RUNNING" and session.state.attempts[n - 1].background
+    log = session.ws.root / session.state.attempts[n - 1].log
+    wait_for(lambda: log.exists() and "step 0" in log.read_text(), what="its first line")
+    first = b.call("experiment_output", {"attempt": n}).content
+    assert first.startswith(f"Attempt {n}: RUNNING") and "step 0" in first
+    last = b.call("experiment_output", {"attempt": n, "wait_s": 30}).content
+    assert last.startswith(f"Attempt {n}: SUCCESS") and "Metrics: steps=3" in last
+    assert "step 2" in last and "step 0" not in last.split("Output since the last look:")[-1]  # only what is new
+    assert session.state.attempts[n - 1].duration_s >= 3
+
+
+def test_the_phase_cannot_complete_while_an_attempt_runs_and_stop_experiment_ends_it(session):
+    b = box(session)
+    n = background(b, "sleep 60")
+    refused = b.call("complete_phase", {"summary": "done"})
+    assert refused.is_error and f"Attempt {n} still runs" in refused.content, refused.content
+    wait_for(lambda: (b.session.records.supervised(n).read() or {}).get("pgid"), what="its command to start")
+    report = b.session.records.supervised(n).read()
+    stopped = b.call("stop_experiment", {"attempt": n}).content
+    assert stopped.startswith(f"Attempt {n}: INTERRUPTED") and "stopped by the agent" in stopped
+    assert start_ticks(report["pgid"]) is None and start_ticks(report["pid"]) is None  # nothing left running
+    again = b.call("stop_experiment", {"attempt": n})
+    assert again.is_error and "not running" in again.content
+    assert not b.call("complete_phase", {"summary": "done"}).content.startswith("Attempt")
+
+
+def test_attempts_past_the_limit_wait_for_a_slot_and_an_ended_one_is_told_after_the_next_call(session):
+    session.state.parallel_attempts = 1  # `--parallel-attempts 1`
+    b = box(session)
+    first = background(b, "sleep 2; echo one")
+    second = background(b, "echo two")
+    wait_for(lambda: "waiting for a free slot" in json.dumps(b.session.records.run(second)), what="the second to wait")
+    assert not b.session.records.supervised(second).read()  # not started while the first runs
+    done = b.call("experiment_output", {"attempt": second, "wait_s": 60}).content
+    assert done.startswith(f"Attempt {second}: SUCCESS"), done
+    one, two = (session.state.attempts[k - 1] for k in (first, second))
+    ends = [b.session.records.supervised(k).read() for k in (first, second)]
+    assert ends[1]["started"] >= ends[0]["ended"]  # one at a time
+    assert f"[attempt {first}, run in the background, ended: SUCCESS" in done, done  # told after the next call
+    assert f"attempt {first}," not in b.call("bash", {"command": "true"}).content  # told once
+    assert one.status == two.status == "SUCCESS"
+
+
+def test_two_attempts_at_once_may_not_declare_the_same_file(session):
+    b = box(session)
+    n = background(b, "sleep 30", outputs=["results/a.txt"])
+    refused = b.call("run_experiment", {"command": "touch results/a.txt", "purpose": "x", "outputs": ["results/a.txt"]})
+    assert refused.is_error and f"attempt {n}, still running, writes results/a.txt too" in refused.content
+    assert len(session.state.attempts) == n  # refused: no number
+    b.call("stop_experiment", {"attempt": n})
+
+
+def test_a_metrics_file_the_agent_writes_beside_a_running_attempt_is_not_its_measurement(session):
+    """The cheat that background attempts open: a command whose code computes nothing runs, and
+    the agent writes the metrics by hand meanwhile. Without the watch the engine would take them
+    for the attempt's own (the file changed while it ran; its command ran code of the workspace)."""
+    (session.ws.root / "src").mkdir()
+    (session.ws.root / "src/wait.py").write_text("import time\ntime.sleep(3)\n")
+    b = box(session)
+    n = background(b, "python3 src/wait.py", metrics_file="results/m.json")
+    b.call("str_replace_based_edit_tool", {"command": "create", "path": "results/m.json", "file_text": '{"acc": 0.99}'})
+    done = b.call("experiment_output", {"attempt": n, "wait_s": 30}).content
+    assert done.startswith(f"Attempt {n}: SUCCESS") and "acc=0.99" in done
+    assert "changed by one of the agent's own commands" in (session.state.attempts[n - 1].unmeasured or "")
+
+
+def test_more_gpus_than_the_machine_gives_are_refused_in_one_line(session, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    refused = box(session).call("run_experiment", {"command": "true", "purpose": "x", "gpus": 3})
+    assert refused.is_error and len(refused.content.splitlines()) == 1 and "3 GPUs" in refused.content
+    assert not session.state.attempts
+
+
+@pytest.mark.parametrize("ended_by", ["error", "keep"])
+def test_a_phase_that_ends_with_attempts_running_stops_them_unless_asked_to_keep_them(session, monkeypatch, ended_by):
+    if ended_by == "keep":
+        monkeypatch.setenv("LABRUN_KEEP_EXPERIMENTS", "on")
+    b = box(session)
+    n = background(b, "sleep 60")
+    wait_for(lambda: (b.session.records.supervised(n).read() or {}).get("pgid"), what="its command to start")
+    report = b.session.records.supervised(n).read()
+    b.experiments.close(RuntimeError("the turn limit"))
+    if ended_by == "keep":
+        assert start_ticks(report["pgid"]) is not None and session.state.attempts[n - 1].status == "RUNNING"
+        b.session.records.supervised(n).stop()
+        return
+    assert session.state.attempts[n - 1].status == "INTERRUPTED"
+    assert session.state.attempts[n - 1].error == "the phase ended while it ran"
+    assert start_ticks(report["pgid"]) is None
+
+
+def test_background_attempts_get_gpus_of_their_own_and_one_waits_until_one_is_free(session, monkeypatch):
+    """A fake device list (this machine has no GPU): two GPUs given to labrun by
+    CUDA_VISIBLE_DEVICES, named by ids of this test's own so that no other test's locks are theirs."""
+    fake = [f"GPU-{uuid.uuid4()}" for _ in range(2)]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", ",".join(fake))
+    monkeypatch.setattr("os.cpu_count", lambda: 8)  # so that the GPUs, not the slots, make the third wait
+    b = box(session)
+    script = "echo $CUDA_VISIBLE_DEVICES > results/gpu-{n}.txt; date +%s.%N >> results/span-{n}.txt; sleep 3; " \
+             "date +%s.%N >> results/span-{n}.txt"
+    runs = [background(b, script.format(n=k), gpus=1, outputs=[f"results/gpu-{k}.txt"]) for k in range(3)]
+    waited = []
+    wait_for(lambda: waited.extend(n for n in runs if "waiting for 1 GPU" in json.dumps(b.session.records.run(n))) or waited,
+             what="one of them to wait")  # whichever of the three threads came last
+    for n in runs:
+        assert b.call("experiment_output", {"attempt": n, "wait_s": 60}).content.startswith(f"Attempt {n}: SUCCESS")
+    seen = [(session.ws.root / f"results/gpu-{k}.txt").read_text().strip() for k in range(3)]
+    spans = [[float(t) for t in (session.ws.root / f"results/span-{k}.txt").read_text().split()] for k in range(3)]
+    last = runs.index(waited[0])
+    first, second = [k for k in range(3) if k != last]
+    assert seen[first] != seen[second] and {seen[first], seen[second]} == set(fake)  # each its own
+    assert spans[first][0] < spans[second][1] and spans[second][0] < spans[first][1]  # those two at once
+    assert spans[last][0] >= min(spans[first][1], spans[second][1])  # the third once one was free
+    assert [session.state.attempts[n - 1].gpus for n in runs] == [[s] for s in seen]
