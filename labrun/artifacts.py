@@ -34,6 +34,7 @@ import contextvars
 import logging
 import re
 import threading
+import time
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -42,7 +43,7 @@ from labrun.idea import slugify
 from labrun.secrets import redact, redact_bytes, redact_data
 from labrun.session import Session
 from labrun.settings import settings
-from labrun.state import state_md_text
+from labrun.state import LIVE_INTERVAL_S, state_md_text
 from labrun.status import session_status
 from labrun.wsfs import Beneath, Refused
 
@@ -50,7 +51,8 @@ log = logging.getLogger("labrun")
 
 CELL_CHARS = 300
 ATTEMPT_COLUMNS = ("attempt", "phase", "status", "command", "exit code", "duration (s)",
-                   "error", "fix applied", "metrics", "engine's rerun")
+                   "error", "fix applied", "metrics", "engine's rerun", "running now")
+"""`running now`: a running attempt's time, GPUs and its log's last line (`labrun.live`)."""
 USAGE_COLUMNS = ("phase", "status", "runs", "input", "output", "cache read", "cache write", "USD")
 """Short headings (tokens, but for the cost), so that the table fits the UI's width."""
 FIGURE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif",
@@ -91,11 +93,13 @@ def _cell(value: Any) -> Any:
 def attempts_table(report: dict[str, Any]) -> dict[str, list[Any]]:
     """Columns → values, so that the columns show even before the first attempt."""
     table: dict[str, list[Any]] = {c: [] for c in ATTEMPT_COLUMNS}
+    running = {r["n"]: " · ".join([r["line"], *r["tail"][-1:]]) for r in report["running"]}
     for a in report["attempts"]:
         metrics = ", ".join(f"{k}={v}" for k, v in (a["metrics"] or {}).items())
         rerun = a["reproduction"]
         row = (a["n"], a["phase"], a["status"], a["command"], a["exit_code"], a["duration_s"],
-               a["error"], a["fix_applied"], metrics, f"{rerun['status']}: {rerun['detail']}" if rerun else None)
+               a["error"], a["fix_applied"], metrics, f"{rerun['status']}: {rerun['detail']}" if rerun else None,
+               running.get(a["n"]))
         for column, value in zip(ATTEMPT_COLUMNS, row):
             table[column].append(_cell(value))
     return table
@@ -253,6 +257,8 @@ class SessionArtifacts:
         self._send_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._broken = False
+        self.running = False
+        """Whether an attempt ran when the views were last read."""
 
     @classmethod
     def attach(cls, session: Session, interval_s: float | None = None) -> "SessionArtifacts":
@@ -295,17 +301,21 @@ class SessionArtifacts:
     # -- publishing ------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        sent = self.ws.state_identity()
+        """Sends what changed once state.json did, and every LIVE_INTERVAL_S while an attempt
+        runs (its time and its log's last lines change with no save)."""
+        sent, live_at = self.ws.state_identity(), time.monotonic()
         while not self._stop.wait(self.interval_s):
-            if (now := self.ws.state_identity()) == sent:
+            now = self.ws.state_identity()
+            if now == sent and not (self.running and time.monotonic() - live_at >= LIVE_INTERVAL_S):
                 continue
-            sent = now
+            sent, live_at = now, time.monotonic()
             self.flush()
             if self._broken:
                 return
 
     def views(self) -> dict[str, Any]:
         report = session_status(self.ws.root)
+        self.running = bool(report["running"])
         return {
             "state": redact(state_md_text(self.ws)),
             "attempts": attempts_table(report),

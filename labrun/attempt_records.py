@@ -62,7 +62,7 @@ class AttemptRecords:
         self.update(n, **{k: v for k, v in ended.items() if k in ENDED})
 
     def run_path(self, n: int) -> Path:
-        return self.ws.attempts / f"attempt-{n:03d}.run.json"
+        return self.ws.attempt_file(n, "run")
 
     def run(self, n: int) -> dict[str, Any]:
         """What attempt n's task noted as it ran: its task run, its command's process group
@@ -74,7 +74,7 @@ class AttemptRecords:
             return {}
 
     def files_path(self, n: int) -> Path:
-        return self.ws.attempts / f"attempt-{n:03d}.files.json"
+        return self.ws.attempt_file(n, "files")
 
     def files(self, n: int) -> dict[str, Any] | None:
         """The workspace as attempt n found it (`before`) and the files it wrote itself
@@ -98,7 +98,7 @@ class AttemptRecords:
         return self.ws.attempts / f"attempt-{n:03d}.stop"
 
     def supervisor_path(self, n: int) -> Path:
-        return self.ws.attempts / f"attempt-{n:03d}.supervisor.json"
+        return self.ws.attempt_file(n, "supervisor")
 
     def supervised(self, n: int) -> Supervised:
         """Attempt n's command as its supervisor reports it (read beneath the workspace, never

@@ -178,6 +178,7 @@ class Session:
                 session = cls(ws, store, idea)
                 store.log(f"session created (agent {state.agent})")
             session.store.start_clock()
+            session.store.follow_attempts()
             declare(session.confinement.key_names())  # their values are redacted from now on, whatever the names
             undumpable()
         except BaseException:

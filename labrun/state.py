@@ -26,6 +26,7 @@ from pydantic import AliasChoices, BaseModel, Field
 from labrun.agents.registry import stand_in
 from labrun.plan import Plan, coverage, output_exists
 from labrun.crashpoints import crashpoint
+from labrun.live import Live, running
 from labrun.resources import TEMPLATES, template_cache
 from labrun.secrets import redact
 from labrun.usage import Usage, reported_spend
@@ -390,6 +391,15 @@ def duration(seconds: float) -> str:
     return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
 
 
+def live_line(view: Live) -> str:
+    """A running attempt's live view in words: `running 2 min · GPUs 0, 1`."""
+    said = {"waiting": view.waiting or "waiting to start", "starting": "starting",
+            "running": f"running {duration(view.elapsed_s or 0)}",
+            "ended": f"ended after {duration(view.elapsed_s or 0)}, being recorded",
+            "gone": "its supervisor is gone without reporting an end"}[view.stage]
+    return said + (f" · GPU{'s' if len(view.gpus) > 1 else ''} {', '.join(view.gpus)}" if view.gpus else "")
+
+
 def usd(amount: float) -> str:
     return f"${amount:,.2f}"
 
@@ -423,10 +433,12 @@ def _cell(text: object) -> str:
 
 
 _env.filters["cell"] = _cell
+_env.filters["live_line"] = live_line
+_env.filters["moment"] = lambda epoch: utc(datetime.fromtimestamp(epoch, timezone.utc))
 add_clock_filters(_env)
 
 
-def render_state_md(state: SessionState, workspace: str) -> str:
+def render_state_md(state: SessionState, workspace: str | Path) -> str:
     plan = state.plan
     text = _env.get_template("STATE.md.j2").render(
         state=state,
@@ -437,8 +449,9 @@ def render_state_md(state: SessionState, workspace: str) -> str:
         numbered=list(enumerate(state.phases, 1)),
         of_total="" if tuple(state.phases) == DEFAULT else f" of {len(state.phases)}",
         section_titles=section_titles(state.phases),
-        next_action=state.next_action(workspace),
+        next_action=state.next_action(str(workspace)),
         clock=session_clock(state),
+        live={view.n: view for view in running(Workspace(workspace), state.attempts)},
     )
     return redact(text)
 
@@ -506,6 +519,9 @@ def _keep_previous(path: Path) -> None:
         write_atomic(previous, path.read_text())
 
 
+LIVE_INTERVAL_S = 30.0
+"""How often the engine renders STATE.md again while an attempt runs, between saves: its
+elapsed time and the last lines of its log (`labrun.live`)."""
 SPEND_SAVE_INTERVAL_S = 5.0
 """How stale the agent's spend may be in state.json and STATE.md while a phase streams replies:
 each reply's usage is in the phase's journal the moment it arrives, so nothing is lost."""
@@ -530,6 +546,7 @@ class StateStore:
         self._state_md: tuple[str, tuple[int, int, int]] | None = None
         """STATE.md as last written, and its (inode, size, mtime) then: written again when the
         text differs or when anything else replaced the file since."""
+        self._following: threading.Event | None = None
 
     def start_clock(self) -> None:
         """From now on every save adds the time this engine has run to `elapsed_s`."""
@@ -561,11 +578,14 @@ class StateStore:
                 if self._depth == 0:
                     self._release_file()
 
-    def _hold_file(self) -> None:
+    def _lock_file(self) -> None:
         if self._file_lock is None:
             self.ws.data.mkdir(parents=True, exist_ok=True)
             self._file_lock = os.open(self.ws.state_lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         fcntl.flock(self._file_lock, fcntl.LOCK_EX)
+
+    def _hold_file(self) -> None:
+        self._lock_file()
         try:
             if self.ws.state_identity() != self._seen:  # another store saved it since
                 fresh, _ = load_state(self.ws)
@@ -581,9 +601,42 @@ class StateStore:
             fcntl.flock(self._file_lock, fcntl.LOCK_UN)
 
     def close(self) -> None:
-        if self._file_lock is not None:
-            os.close(self._file_lock)
-            self._file_lock = None
+        if self._following is not None:
+            self._following.set()
+        with self._lock:  # not while the refresh holds it
+            if self._file_lock is not None:
+                os.close(self._file_lock)
+                self._file_lock = None
+
+    def follow_attempts(self, interval_s: float = LIVE_INTERVAL_S) -> None:
+        """For the engine that holds the workspace, until `close`: STATE.md rendered again
+        every `interval_s` while an attempt of the session runs, whichever process started
+        it, so that its elapsed time and its log's last lines stay current between saves."""
+        stop = self._following = threading.Event()
+
+        def follow() -> None:
+            while not stop.wait(interval_s):
+                try:
+                    self.refresh_state_md()
+                except Exception as e:  # a view: never worth the session, tried again next time
+                    log.warning("STATE.md not refreshed this time (%s)", redact(str(e) or type(e).__name__))
+
+        threading.Thread(target=follow, daemon=True, name=f"labrun-state-md-{self.ws.root.name}").start()
+
+    def refresh_state_md(self) -> None:
+        """STATE.md rendered again, when an attempt runs, from the state as last saved (by
+        this store or another: under the state's lock, so no older rendering lands over a
+        newer one), without saving the state (nor syncing STATE.md to disk)."""
+        with self._lock:
+            if self._following is not None and self._following.is_set():  # closed
+                return
+            self._lock_file()
+            try:
+                state = self.state if self.ws.state_identity() == self._seen else load_state(self.ws)[0]
+                if any(a.status == "RUNNING" for a in state.attempts):
+                    self._write_state_md(render_state_md(state, self.ws.root))
+            finally:
+                self._release_file()
 
     def save(self) -> None:
         """Save now, or when the transaction this is called in ends."""
@@ -611,7 +664,7 @@ class StateStore:
         self._seen = self.ws.state_identity()
         self._saved_at = time.monotonic()
         try:
-            self._write_state_md(render_state_md(self.state, str(self.ws.root)))
+            self._write_state_md(render_state_md(self.state, self.ws.root))
         except OSError as e:  # an agent process racing the engine for its name: state.json holds it all
             self._state_md = None
             log.warning("STATE.md not rewritten this time (%s); the next change writes it again", e)

@@ -11,7 +11,8 @@ from labrun.journal import phase_usage
 from labrun.plan import summary as plan_summary
 from labrun.limits import total_usage
 from labrun.session import changed_outputs
-from labrun.state import SessionState, load_state, session_clock
+from labrun.live import live
+from labrun.state import SessionState, live_line, load_state, session_clock
 from labrun.usage import Usage
 from labrun.verdicts import Outcome, outcome
 from labrun.workspace import Workspace
@@ -51,10 +52,11 @@ def session_status(root: Path) -> dict[str, Any]:
             {"n": a.n, "phase": a.phase, "status": a.status, "run_id": a.run_id, "command": a.command,
              "error": a.error, "fix_applied": a.fix_applied, "metrics": a.metrics,
              "outputs": a.outputs, "exit_code": a.exit_code, "duration_s": a.duration_s,
-             "log": a.log, "branch": a.branch,
+             "log": a.log, "branch": a.branch, "gpus": a.gpus,
              "reproduction": a.reproduction.model_dump() if a.reproduction else None}
             for a in state.attempts
         ],
+        "running": running_attempts(ws, state),
         "sealed_evaluation": state.sealed.model_dump(exclude={"digests"}) if state.sealed else None,
         "plan": plan_summary(state.plan, state.live_attempts(), ws.root),
         "verdict": session_outcome(ws, state).as_dict(),
@@ -63,6 +65,17 @@ def session_status(root: Path) -> dict[str, Any]:
         "branches": summaries(ws, state, total),
         "reviews": [r.model_dump(exclude={"pause_key"}) for r in state.reviews],
     }
+
+
+def running_attempts(ws: Workspace, state: SessionState) -> list[dict[str, Any]]:
+    """Each RUNNING attempt's live view (`labrun.live`), with its phase, command and the view
+    in words (`line`)."""
+    found = []
+    for a in state.attempts:
+        if a.status == "RUNNING":
+            view = live(ws, a)
+            found.append({**view.as_dict(), "line": live_line(view), "phase": a.phase, "command": a.command})
+    return found
 
 
 def session_outcome(ws: Workspace, state: SessionState) -> Outcome:

@@ -96,6 +96,11 @@ class Workspace:
     def attempt_log(self, n: int) -> Path:
         return self.attempts / f"attempt-{n:03d}.log"
 
+    def attempt_file(self, n: int, kind: str) -> Path:
+        """Attempt n's record of `kind` beside its log: `files`, `run`, `supervisor`
+        (`labrun.attempt_records`)."""
+        return self.attempts / f"attempt-{n:03d}.{kind}.json"
+
     @property
     def reserve(self) -> Path:
         return self.data / "reserve"

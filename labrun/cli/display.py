@@ -2,8 +2,10 @@
 
 The engine logs one line per event and per turn (logger `labrun`). At a terminal each line is
 coloured by what it says, under a spinner line naming the phase (N of M), the turn and what
-runs now: the model's turn, an attempt, the engine's rerun. Elsewhere (a pipe, a file, CI)
-they are the same lines, plain and timestamped, and nothing redraws.
+runs now: the model's turn, an attempt, the engine's rerun; below it, a line per running
+attempt (how long it has run, its GPUs, its log's last line), read again every few seconds
+from the workspace, whichever process runs the attempt. Elsewhere (a pipe, a file, CI) they
+are the same lines, plain and timestamped, and nothing redraws.
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from labrun.cli.common import labrun_command, styled
+from labrun.printable import printable
 
 PHASE = re.compile(r"^phase (\d+ of \d+) (\S+) (?:started|resumed at turn (\d+))")
 TURN = re.compile(r"^(\S+) · turn (\d+) · ")
@@ -30,10 +34,11 @@ OUTCOME = re.compile(r"\b(SUCCESS|FAILED|TIMEOUT|INTERRUPTED|REPRODUCED|DIVERGED
 class SessionDisplay(logging.Handler):
     """Engine events and turns on `console` (stderr), one line each."""
 
-    def __init__(self, console: Console):
+    def __init__(self, console: Console, workspace: str | None = None):
         super().__init__()
         self.console = console
-        self.spinner = console.status("starting", spinner="dots") if console.is_terminal else None
+        self.doing = Doing(workspace)
+        self.spinner = console.status(self.doing, spinner="dots") if console.is_terminal else None
         self.phase = ""
         self.started = False
 
@@ -68,13 +73,48 @@ class SessionDisplay(logging.Handler):
         if not self.started:
             self.spinner.start()
             self.started = True
-        self.spinner.update(escape(f"{self.phase} · {doing}" if self.phase else doing))
+        self.doing.text = f"{self.phase} · {doing}" if self.phase else doing
 
     def close(self) -> None:
         if self.spinner is not None and self.started:
             self.spinner.stop()
             self.started = False
         super().close()
+
+
+class Doing:
+    """The spinner's text: what runs now, then a line per running attempt of the session in
+    `workspace`, read again at most every `every_s` (the spinner redraws many times a second)."""
+
+    def __init__(self, workspace: str | None, every_s: float = 2.0):
+        self.text = "starting"
+        self.workspace = workspace
+        self.every_s = every_s
+        self._read_at = float("-inf")
+        self._lines: list[str] = []
+
+    def __rich__(self) -> Group:
+        if self.workspace is not None and time.monotonic() - self._read_at >= self.every_s:
+            self._read_at = time.monotonic()
+            self._lines = running_lines(Path(self.workspace))
+        return Group(Text(printable(self.text), no_wrap=True, overflow="ellipsis"),
+                     *(Text(line, no_wrap=True, overflow="ellipsis") for line in self._lines))
+
+
+def running_lines(root: Path) -> list[str]:
+    """`attempt 3: running 2 min · GPU 0 · <its log's last line>` for each running attempt,
+    control characters escaped; none while the session cannot be read (not started yet)."""
+    from labrun.state import load_state
+    from labrun.status import running_attempts
+    from labrun.workspace import Workspace
+
+    ws = Workspace(root)
+    try:
+        state, _ = load_state(ws)
+    except Exception:  # no session yet, or its state being repaired: the next look shows it
+        return []
+    return [printable(f"attempt {a['n']}: {a['line']}" + (f" · {a['tail'][-1]}" if a["tail"] else ""))
+            for a in running_attempts(ws, state)]
 
 
 def summary(workspace: str) -> str:

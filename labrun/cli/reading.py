@@ -59,7 +59,7 @@ def cmd_check(args) -> int:
 
 
 def cmd_state(args) -> int:
-    from labrun.cli.common import printable
+    from labrun.printable import printable
     from labrun.state import state_md_text
     from labrun.workspace import Workspace
 
@@ -107,6 +107,7 @@ def print_status(report: dict) -> None:
                           "since; it stays finished)")
     if report["attempts"]:
         console.print(attempts_table(report["attempts"], console.width))
+    print_running(report.get("running", []))  # an archived branch's status has none
     print_plan(report["plan"], report.get("verdict"))
     u = report["usage"]
     console.print(f"usage: {u['input_tokens']:,} in · {u['output_tokens']:,} out · "
@@ -133,6 +134,18 @@ def attempts_table(attempts: list[dict], width: int) -> Table:
                      " ".join(a["command"].split()), " ".join(note.split())))
     return fitted_table(("#", "phase", "run", "status", "command", "error / fix"), rows, width, (4, 5),
                         {3: styled})
+
+
+def print_running(running: list[dict]) -> None:
+    """Each running attempt: how long it has run, its GPUs, its command, then the last lines
+    of its log (`labrun.live`: escaped already), each cut to the terminal's width."""
+    from labrun.printable import printable
+
+    for a in running:
+        console.print(printable(f"attempt {a['n']} ({a['phase']}): {a['line']} · {' '.join(a['command'].split())}"),
+                      markup=False, soft_wrap=False, no_wrap=True, overflow="ellipsis")
+        for line in a["tail"]:
+            console.print(f"  │ {line}", markup=False, soft_wrap=False, no_wrap=True, overflow="ellipsis")
 
 
 def _branch_line(b: dict) -> str:

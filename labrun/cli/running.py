@@ -230,7 +230,7 @@ def run_session(run: Run) -> int:
     from labrun.prefect_processes import ServerError
     from labrun.run_api.api import RunApi
 
-    display = _show_progress()
+    display = _show_progress(run.workspace)
     _check_agent(run)
     log = logging.getLogger("labrun")
     api = None
@@ -322,11 +322,11 @@ def _quiet_prefect_console(verbose: bool) -> None:
                     logger.removeHandler(handler)
 
 
-def _show_progress() -> SessionDisplay:
+def _show_progress(workspace: str | None = None) -> SessionDisplay:
     log = logging.getLogger("labrun")
     for handler in [h for h in log.handlers if isinstance(h, SessionDisplay)]:
         log.removeHandler(handler)
-    display = SessionDisplay(err)
+    display = SessionDisplay(err, workspace)
     log.addHandler(display)
     log.setLevel(logging.INFO)
     log.propagate = False

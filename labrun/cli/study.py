@@ -11,7 +11,8 @@ from typing import Any
 
 from rich.markup import escape
 
-from labrun.cli.common import CliError, console, err, printable, styled
+from labrun.cli.common import CliError, console, err, styled
+from labrun.printable import printable
 
 RESULT_FIELDS = ("workspace", "idea", "title", "state", "criteria", "met", "unmet", "unconfirmed", "not_judged",
                  "reproduced", "cost_usd", "claims")
