@@ -17,9 +17,10 @@ from prefect import flow
 from prefect.states import Completed, Failed, State
 
 from labrun.phases.execution import run_here, spec_of
+from labrun.serving import ATTEMPT_FLOW
 
 
-@flow(name="experiment-attempt", persist_result=False, log_prints=True)
+@flow(name=ATTEMPT_FLOW, persist_result=False, log_prints=True)
 def experiment_attempt_flow(task: str, spec: dict[str, Any]) -> State:
     """One engine task of a session's, from its spec (its workspace, session and attempt number).
 

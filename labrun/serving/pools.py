@@ -22,6 +22,14 @@ ATTEMPT_ENV = {
     "PREFECT_CLIENT_MAX_RETRIES": "10",
 }
 
+ATTEMPT_PARAMETERS = {
+    "type": "object", "required": ["task", "spec"],
+    "properties": {"task": {"type": "string", "title": "task", "description": "the engine task's name (attempt)"},
+                   "spec": {"type": "object", "title": "spec",
+                            "description": "its spec: the workspace, the session's id, the attempt's number"}}}
+"""The flow's parameters as its signature has them (`labrun.flows.attempt`; declared here so
+that the engine need not import the flow's module, which imports the engine's tasks)."""
+
 
 class PoolError(ValueError):
     """An experiments pool that cannot take attempts: one line saying what to do."""
@@ -67,18 +75,10 @@ def unattended(name: str) -> str | None:
 def attempt_deployment(pool: str):
     """The id of the deployment `experiment-attempt/<pool>`, made (or updated) now."""
     from prefect.client.orchestration import get_client
-    from prefect.utilities.callables import parameter_schema
-
-    from labrun.flows.attempt import experiment_attempt_flow
 
     with get_client(sync_client=True) as client:
-        flow_id = client.create_flow(experiment_attempt_flow)
         return client.create_deployment(
-            flow_id=flow_id, name=pool, entrypoint=ATTEMPT_ENTRYPOINT, work_pool_name=pool, tags=["labrun"],
-            parameter_openapi_schema=parameter_schema(experiment_attempt_flow).model_dump_for_openapi(),
+            flow_id=client.create_flow_from_name(ATTEMPT_FLOW), name=pool, entrypoint=ATTEMPT_ENTRYPOINT,
+            work_pool_name=pool, tags=["labrun"], parameter_openapi_schema=ATTEMPT_PARAMETERS,
             job_variables={"env": ATTEMPT_ENV},
             description=f"labrun experiment attempts on work pool {pool} (made by the sessions that send them here)")
-
-
-def deployment_name(pool: str) -> str:
-    return f"{ATTEMPT_FLOW}/{pool}"
