@@ -90,8 +90,12 @@ def research_session(**params: Any) -> State:
     rerunning = bool(from_phase)  # the branch gets agent and model; the earlier one keeps its own
     if rerunning:
         check_rerun_start(Path(workspace), from_phase)  # before anything is written
+    if run.experiments_pool:
+        _check_pool(run.experiments_pool)  # before anything is written
     session = Session.open(run.model_copy(update={"agent": None, "model": None}) if rerunning else run)
     try:
+        if (pool := session.state.experiments_pool) and pool != run.experiments_pool:  # the idea's, or kept
+            _check_pool(pool)
         if rerunning:
             rerun(session, from_phase, run.agent, run.model, run.note or "", _flow_run_id(), session_status)
         else:
@@ -117,6 +121,15 @@ def research_session(**params: Any) -> State:
     finally:
         artifacts.close()
         session.close()
+
+
+def _check_pool(pool: str) -> None:
+    """The work pool the attempts go to, before anything runs: an unknown one is refused (in
+    one line: `PoolError`), one without a worker is said (`labrun.serving.pools`)."""
+    from labrun.serving.pools import check_pool
+
+    if warning := check_pool(pool):
+        logging.getLogger("labrun").warning("%s", warning)
 
 
 def _ended(root: Path, result: dict[str, Any], head: str | None = None) -> State:

@@ -113,7 +113,8 @@ class AttemptRecords:
     def reconcile(self, interrupted: bool = False) -> None:
         """An attempt still RUNNING belongs to an engine that stopped. Recorded if its task
         ended; left RUNNING if its command's supervisor still runs or reported its end (the
-        phase's resume re-attaches to it and records it: `labrun.phases.attempts`); else
+        phase's resume re-attaches to it and records it: `labrun.phases.attempts`), as is one
+        sent to a work pool as a flow run of its own, which the resume waits for; else
         what it left is killed and it is marked INTERRUPTED. `interrupted`: this engine is
         stopping on a signal, which stops its attempts too, unless LABRUN_KEEP_EXPERIMENTS=on."""
         keep = settings().keep_experiments
@@ -124,6 +125,11 @@ class AttemptRecords:
                 run = self.run(a.n)
                 if run.get("ended"):  # it ended, but the engine stopped before recording it
                     self.record(a.n, run["ended"])
+                    continue
+                if run.get("flow_run"):  # a flow run of its own on a work pool, which no signal here stops
+                    line = (f"attempt {a.n} runs on as flow run {run['flow_run']} on work pool {run.get('pool')}; "
+                            f"`labrun resume {self.ws.root}` records it")
+                    _say(line) if interrupted else self.store.event(line)
                     continue
                 supervised = self.supervised(a.n)
                 report = supervised.read()

@@ -197,6 +197,8 @@ class Constraints(_Section):
     """labrun's: the only domains agent commands may reach (each with its subdomains)."""
     parallel_attempts: Annotated[int, BeforeValidator(_not_bool), Field(ge=1, le=64)] | None = None
     """labrun's: experiment attempts that may run at once (4 unless set; never more than the CPUs)."""
+    experiments_pool: Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[\w.-]+$")] | None = None
+    """labrun's: the Prefect work pool every experiment attempt runs on (`--experiments-pool` overrides it)."""
     reproduce_minutes: Annotated[float, BeforeValidator(_not_bool), Field(ge=0, le=1440, allow_inf_nan=False)] | None = None
     """labrun's: how long the engine may spend rerunning the attempts behind the claims
     (60 unless set; 0 turns reproduction off)."""

@@ -56,6 +56,9 @@ class RunParams(BaseModel):
     pass_env: list[str] | None = Field(None, description=(
         "Names of keys (API keys, tokens) the experiments' commands get besides the idea's "
         "constraints.api_keys; their values come from the worker's environment, and a resume adds to them."))
+    experiments_pool: str | None = Field(None, description=(
+        "The Prefect work pool every experiment attempt runs on, as a flow run of its own (e.g. a pool of "
+        "GPU machines); else the idea's constraints.experiments_pool, or the session's; unset: where the session runs."))
     review_after: list[Annotated[str, Field(json_schema_extra={"enum": PHASES})]] | None = Field(None, description=(
         "Phases a person reviews once they complete; a new session takes them, else the idea's "
         "metadata.review_after; a later run's list replaces the session's."))

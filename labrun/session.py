@@ -147,6 +147,7 @@ class Session:
                     session._take_options(agent, model, budget_usd, max_turns, network, list(pass_env),
                                           run.parallel_attempts)
                     session._take_reviews(review_after)
+                    session._take_pool(run.experiments_pool)
                     session.records.reconcile()
             else:
                 if idea is None:
@@ -173,6 +174,7 @@ class Session:
                     pass_env=pass_env,
                     sealed=sealed,
                     review_after=review_after,
+                    experiments_pool=run.experiments_pool or idea.constraints.experiments_pool,
                 )
                 store = StateStore(ws, state)
                 session = cls(ws, store, idea)
@@ -296,6 +298,12 @@ class Session:
         self.store.event(f"phases reviewed by a person from now on: {', '.join(wanted) or 'none'}"
                          + "".join(f"; phase {r.phase} no longer awaits review" for r in dropped))
         self.store.save()
+
+    def _take_pool(self, pool: str | None) -> None:
+        """A run's experiments pool replaces the session's (a resume without one keeps it)."""
+        if pool and pool != self.state.experiments_pool:
+            self.state.experiments_pool = pool
+            self.store.event(f"experiment attempts run on work pool {pool} from now on (--experiments-pool)")
 
     # -- phases ----------------------------------------------------------------------------
 

@@ -82,6 +82,10 @@ class Settings(BaseSettings):
     """on: Ctrl-C and SIGTERM leave running experiment attempts running (`labrun resume` records them)"""
     tasks_in: Literal["here", "process"] = "here"
     """where the engine's tasks (attempts, reruns, sealed scoring) run: here, or process (one of their own each)"""
+    pool_worker_wait_min: float = 10.0
+    """minutes without a worker online after which a session's experiments pool (--experiments-pool) counts as unattended"""
+    pool_no_worker: Literal["wait", "fail"] = "wait"
+    """an experiments pool unattended that long: wait (warn and keep waiting for a worker) or fail (refuse the session, or end the waiting attempt INTERRUPTED)"""
 
     # -- server mode and the Prefect API ------------------------------------------------------
     model_api_slots: int = 4

@@ -233,6 +233,9 @@ class SessionState(BaseModel):
     """Agent commands may use the network (`--no-network` turns it off)."""
     pass_env: list[str] = Field(default_factory=list)
     """Keys the experiments' commands get besides the idea's, by name (`--pass-env`, `labrun.keys`)."""
+    experiments_pool: str | None = None
+    """The Prefect work pool each experiment attempt runs on (`--experiments-pool`,
+    `constraints.experiments_pool`); None: where the engine runs."""
     created_at: str = Field(default_factory=now)
     phases: dict[str, PhaseRecord] = Field(
         default_factory=lambda: {k: PhaseRecord() for k in DEFAULT}

@@ -292,7 +292,8 @@ class ToolBox:
         if inp.run_id is not None and runs and inp.run_id not in runs:
             raise ToolError(f"Refused, not run: run_id {inp.run_id} is not in the run list "
                             f"({', '.join(runs)}); give a planned run's id, or none for a check that serves no run.")
-        if inp.gpus and inp.gpus > (have := len(gpu_devices())):
+        here = self.session.state.experiments_pool is None  # else the pool's worker has the GPUs, and says so
+        if here and inp.gpus and inp.gpus > (have := len(gpu_devices())):
             raise ToolError(f"Refused, not run: {inp.gpus} GPUs asked for; this machine gives labrun {have or 'none'}.")
         return self.attempt_report(self.experiments.run(inp))
 

@@ -108,3 +108,16 @@ def test_a_phase_task_records_from_another_process_under_the_engines_lease(tmp_p
     late = phase_task(spec)
     assert late.returncode != 0 and "no longer holds the workspace" in late.stderr
     assert "recorded by the phase task" in "\n".join(load_state(Workspace(tmp_path / "ws"))[0].worklog)
+
+
+def test_the_attempt_flows_deployment_declares_the_flows_own_parameters():
+    """The engine declares the attempt flow's parameters without importing it (that module
+    imports the engine's tasks): they must be the flow's."""
+    from prefect.utilities.callables import parameter_schema
+
+    from labrun.flows.attempt import experiment_attempt_flow
+    from labrun.serving.pools import ATTEMPT_PARAMETERS
+
+    schema = parameter_schema(experiment_attempt_flow).model_dump_for_openapi()
+    assert set(schema["properties"]) == set(ATTEMPT_PARAMETERS["properties"])
+    assert schema["required"] == ATTEMPT_PARAMETERS["required"]

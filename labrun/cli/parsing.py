@@ -78,6 +78,7 @@ def parser() -> argparse.ArgumentParser:
                      help=f"the model (default: {_default_models()}; a resumed session keeps its own)")
     _optional_phases(run, "to run besides the six research phases", "those the idea asks for")
     _review_after(run)
+    _experiments_pool(run)
     _limits(run)
     _verbose(run)
 
@@ -87,6 +88,7 @@ def parser() -> argparse.ArgumentParser:
     resume.add_argument("--model", default=None,
                         help="the model of the phases still to run (default: the session's)")
     _review_after(resume)
+    _experiments_pool(resume)
     _limits(resume)
     _verbose(resume)
 
@@ -194,6 +196,7 @@ def parser() -> argparse.ArgumentParser:
     _review_after(queue)
     queue.add_argument("--deployment", default=SESSION_DEPLOYMENT, help="the session deployment to run")
     _pass_env(queue)
+    _experiments_pool(queue)
     return p
 
 
@@ -224,6 +227,13 @@ def _review_after(p: argparse.ArgumentParser) -> None:
                    help="phases a person reviews once they complete, before the session goes on "
                    "(`labrun review`); a resumed session keeps its own unless given (default: the idea's "
                    "metadata.review_after, else none)")
+
+
+def _experiments_pool(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--experiments-pool", default=None, metavar="POOL",
+                   help="run every experiment attempt as a flow run of its own on this Prefect work pool "
+                   "(its workers must see the workspace's path); a resumed session keeps its own (default: "
+                   "the idea's constraints.experiments_pool, else where the session runs)")
 
 
 def _pass_env(p: argparse.ArgumentParser) -> None:

@@ -77,8 +77,9 @@ def cmd_run(args) -> int:
         _estimate(idea, agent, args, with_phases)
     return run_session(Run(idea_path=args.idea, workspace=args.workspace, agent=agent, model=args.model,
                            budget_usd=args.budget_usd, max_turns=args.max_turns, verbose=args.verbose,
-                           parallel_attempts=args.parallel_attempts, with_phases=list(with_phases), paper_style=args.paper_style, network=args.network,
-                           pass_env=list(keys), review_after=reviewed,
+                           parallel_attempts=args.parallel_attempts, with_phases=list(with_phases),
+                           paper_style=args.paper_style, network=args.network, pass_env=list(keys),
+                           review_after=reviewed, experiments_pool=args.experiments_pool,
                            start_again=f"{labrun_command()} run {args.idea} --workspace {args.workspace}"))
 
 
@@ -112,7 +113,8 @@ def cmd_resume(args) -> int:
                       f"and that one keeps its state in the UI (retry it there instead to resume it on a worker)")
     return run_session(Run(workspace=args.workspace, model=args.model, budget_usd=args.budget_usd,
                            max_turns=args.max_turns, verbose=args.verbose, network=args.network,
-                           parallel_attempts=args.parallel_attempts, pass_env=list(keys), review_after=reviewed))
+                           parallel_attempts=args.parallel_attempts, pass_env=list(keys), review_after=reviewed,
+                           experiments_pool=args.experiments_pool))
 
 
 def cmd_demo(args) -> int:
@@ -273,6 +275,7 @@ def _import_engine(verbose: bool):
 def _run_flow(run: Run, research_session) -> int:
     from labrun.agents import AgentUnavailable
     from labrun.branches import BranchError
+    from labrun.serving.pools import PoolError
     from labrun.session import SessionMismatch
     from labrun.workspace import WorkspaceBusy
 
@@ -280,7 +283,7 @@ def _run_flow(run: Run, research_session) -> int:
 
     try:
         result = research_session(**{**run.parameters(), "workspace": str(Path(run.workspace).resolve())})
-    except (WorkspaceBusy, AgentUnavailable, SessionMismatch, BranchError) as e:
+    except (WorkspaceBusy, AgentUnavailable, SessionMismatch, BranchError, PoolError) as e:
         raise CliError(str(e)) from None
     except Pause:  # Suspend pressed in the Prefect UI: a run without a deployment goes on by a resume
         _print_summary(run.workspace, err)

@@ -8,6 +8,8 @@ import signal
 import time
 from pathlib import Path
 
+from rich.markup import escape
+
 from labrun.cli.common import DEFAULT_AGENT, CliError, console, err, phase_options
 from labrun.prefect_processes import ServerError
 from labrun.serving import DEFAULT_HOST, DEFAULT_PORT, POOL, QUEUE_DEPLOYMENT, SESSION_DEPLOYMENT
@@ -107,6 +109,8 @@ def cmd_queue(args) -> int:
     outcomes: list[str] = []
     with temporary_settings({PREFECT_API_URL: api_url}):
         _check_deployment(args.deployment, api_url)
+        if args.experiments_pool:
+            _check_pool(args.experiments_pool)
         for path in ideas:
             try:
                 outcomes.append(_queue_one(path, root, args))
@@ -151,7 +155,8 @@ def _queue_one(path: Path, root: Path, args) -> str:
         return "skipped"
     run = submit_session(RunParams(idea_path=str(path), workspace=str(workspace), agent=args.agent, model=args.model,
                                    with_phases=args.with_phases or None, paper_style=args.paper_style,
-                                   pass_env=args.pass_env or None, review_after=args.review_after),
+                                   pass_env=args.pass_env or None, review_after=args.review_after,
+                                   experiments_pool=args.experiments_pool),
                          args.deployment)
     console.print(f"{path.name} → {workspace}\n  {_agent_of(workspace, args.agent)}\n"
                   f"  flow run {run.name} {run.id}\n  {flow_run_url(run.id)}")
@@ -189,6 +194,17 @@ def _api_url_for_clients() -> str:
     if healthy(default):
         return default
     raise CliError("no Prefect server: start one with `labrun server` (or set PREFECT_API_URL to yours)")
+
+
+def _check_pool(pool: str) -> None:
+    from labrun.serving.pools import PoolError, check_pool
+
+    try:
+        warning = check_pool(pool)
+    except PoolError as e:
+        raise CliError(str(e)) from None
+    if warning:
+        err.print(f"[yellow]warning:[/yellow] {escape(warning)}")
 
 
 def _check_deployment(name: str, api_url: str) -> None:

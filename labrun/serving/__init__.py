@@ -5,7 +5,9 @@
   to a webhook when a session completes, fails or awaits review;
 - `deploy`: `prefect deploy --all` from labrun's `prefect.yaml` (in a clone or a wheel);
 - `address`: where a running server is (PREFECT_API_URL, or the one `labrun server` started);
-- `submit`: one session run per idea, each with a workspace of its own.
+- `submit`: one session run per idea, each with a workspace of its own;
+- `pools`: the work pool a session's experiment attempts run on, checked, and the deployment
+  of the attempt flow on it.
 
 The processes of a server and its workers are in `labrun.prefect_processes`. The names below
 are what prefect.yaml and the UI know labrun's objects by. Importing this package does not
@@ -20,6 +22,9 @@ ZOMBIE_AUTOMATION = "labrun: mark runs Crashed when their heartbeats stop"
 NOTIFY_AUTOMATION = "labrun: notify when a session completes, fails or awaits review"
 NOTIFY_BLOCK = "labrun-notify"
 SESSION_FLOW = "research-session"
+ATTEMPT_FLOW = "experiment-attempt"
+"""The flow of one experiment attempt on a work pool; its deployment on pool P is
+`experiment-attempt/P`, made on demand (`labrun.serving.pools`)."""
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4200
 DEFAULT_SESSION_SLOTS = 4

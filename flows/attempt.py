@@ -1,0 +1,33 @@
+"""The `experiment-attempt` flow: one engine task of a session's (an experiment attempt) as
+a flow run of its own, on the work pool the session sends its attempts to (`run_on_pool` in
+`labrun.phases.execution`; its deployment `experiment-attempt/<pool>`: `labrun.serving.pools`).
+
+It runs the task as the engine's process would (`run_here`: from the workspace alone, its
+result persisted in the workspace), so the worker needs the workspace's path on storage it
+sees, and the keys the attempt names in its own environment: the parameters carry names, never
+values (the UI shows them). Its state says how the attempt came out; its record is in the
+attempt's run file, which the engine reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+from prefect.states import Completed, Failed, State
+
+from labrun.phases.execution import run_here, spec_of
+from labrun.serving import ATTEMPT_FLOW
+
+
+@flow(name=ATTEMPT_FLOW, persist_result=False, log_prints=True)
+def experiment_attempt_flow(task: str, spec: dict[str, Any]) -> State:
+    """One engine task of a session's, from its spec (its workspace, session and attempt number).
+
+    Args:
+        task: the engine task's name (attempt)
+        spec: what it is given: the workspace, the session's id, the attempt's number
+    """
+    record = run_here(task, spec_of(task, spec))
+    line = f"attempt {record['n']} {record['status']}" + (f": {record['error']}" if record.get("error") else "")
+    return Completed(message=line, data=record) if record["status"] == "SUCCESS" else Failed(message=line, data=record)
