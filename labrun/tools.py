@@ -1,4 +1,4 @@
-"""The agent's tools (docs/design.md, contract): the same four for every backend.
+"""The agent's tools (docs/design.md, contract): the same six for every backend.
 
 `ToolBox.call` takes a tool name and its input as the model sent them and returns the text
 the model will read. It never raises for the model's mistakes: a bad input is an error
