@@ -5,7 +5,8 @@
   to a webhook when a session completes, fails or awaits review;
 - `deploy`: `prefect deploy --all` from labrun's `prefect.yaml` (in a clone or a wheel);
 - `address`: where a running server is (PREFECT_API_URL, or the one `labrun server` started);
-- `submit`: one session run per idea, each with a workspace of its own.
+- `submit`: one session run per idea, each with a workspace of its own;
+- `slurm_worker`: the `labrun-slurm` Prefect worker type (imports Prefect; Prefect loads it).
 
 The processes of a server and its workers are in `labrun.prefect_processes`. The names below
 are what prefect.yaml and the UI know labrun's objects by. Importing this package does not

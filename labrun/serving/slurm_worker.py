@@ -5,7 +5,7 @@
 what Prefect's process worker would run, `python -m prefect.engine` with the flow run's
 environment (PREFECT__FLOW_RUN_ID, the API's address, the job's `env`), to `sbatch`, with
 the job variables below; then it follows the job (`scontrol`, then `sacct` once the
-controller has forgotten it) until it ends. The flow run reports its own states from inside
+controller has forgotten it) until it ends, and cancels it when its run is cancelled. The flow run reports its own states from inside
 the job; a job that ends otherwise (scancel, preemption, time limit, a lost node) makes the
 flow run Crashed, saying how the job ended.
 
@@ -16,7 +16,7 @@ comes back to Scheduled while its job lives (a retry of a run marked Crashed by 
 heartbeat) is followed, not submitted twice. The job id is the flow run's
 `infrastructure_pid`, as with Prefect's own workers, and a worker follows every run of its
 pool that has one and no final state, so a job that ends while no worker watched it still
-makes its run Crashed. Cancelling a run that has not started cancels its job (`scancel`).
+makes its run Crashed.
 
 Job variables (the pool's base job template; a deployment's or a run's `job_variables`
 override them): `partition`, `time_limit` (`--time`, e.g. `"02:00:00"`), `gpus`
@@ -176,17 +176,6 @@ def exit_status(state: str, code: str) -> int:
         return 1
 
 
-async def follow(job_id: str) -> tuple[str, str]:
-    """Until the job ends: its state and exit code ("GONE" when Slurm no longer knows it)."""
-    while True:
-        seen = await job_state(job_id)
-        if seen is None:
-            return "GONE", "0:0"
-        if seen[0] in ENDED:
-            return seen
-        await anyio.sleep(POLL_S)
-
-
 class SlurmWorker(BaseWorker[SlurmJobConfiguration, SlurmVariables, SlurmWorkerResult]):
     type = WORKER_TYPE
     job_configuration = SlurmJobConfiguration
@@ -213,12 +202,41 @@ class SlurmWorker(BaseWorker[SlurmJobConfiguration, SlurmVariables, SlurmWorkerR
                 logger.info(f"Submitted flow run {flow_run.id} as Slurm job {job_id}")
             if task_status is not None:
                 task_status.started(job_id)  # type: ignore[arg-type]  # the flow run's infrastructure_pid
-            state, code = await follow(job_id)
+            state, code = await self._follow(flow_run, job_id)
         finally:
             self._followed.discard(str(flow_run.id))
         if state != "COMPLETED":
             logger.warning(f"Slurm job {job_id} ended {state} (exit {code})")
         return SlurmWorkerResult(status_code=exit_status(state, code), identifier=job_id)
+
+    async def _follow(self, flow_run: "FlowRun", job_id: str) -> tuple[str, str]:
+        """Until the job ends: its state and exit code ("GONE" when Slurm no longer knows it).
+        A run cancelled in Prefect meanwhile has its job cancelled, pending or running."""
+        while True:
+            seen = await job_state(job_id)
+            if seen is None:
+                return "GONE", "0:0"
+            if seen[0] in ENDED:
+                return seen
+            if await self._state(flow_run) == StateType.CANCELLING:
+                await self._cancel(flow_run, job_id)
+                return "COMPLETED", "0:0"  # nothing more for the worker to report
+            await anyio.sleep(POLL_S)
+
+    async def _cancel(self, flow_run: "FlowRun", job_id: str) -> None:
+        """scancel, then Cancelled once the job has ended: the engine in a running job takes
+        the SIGTERM for a crash and says so (Prefect's own workers tell it otherwise through
+        a local socket, which a node cannot reach), so its Crashed is replaced."""
+        self.get_flow_run_logger(flow_run).info(f"Flow run {flow_run.id} is cancelled: cancelling Slurm job {job_id}")
+        await _slurm("scancel", job_id)
+        while (seen := await job_state(job_id)) is not None and seen[0] not in ENDED:
+            await anyio.sleep(1)
+        await self._mark_flow_run_as_cancelled(
+            flow_run, state_updates={"message": f"Slurm job {job_id} cancelled with its flow run."})
+
+    async def _state(self, flow_run: "FlowRun") -> StateType | None:
+        run = await self.client.read_flow_run(flow_run.id)
+        return run.state.type if run.state else None
 
     async def kill_infrastructure(self, infrastructure_pid: str, configuration: SlurmJobConfiguration,
                                   grace_seconds: int = 30) -> None:
@@ -247,7 +265,7 @@ class SlurmWorker(BaseWorker[SlurmJobConfiguration, SlurmVariables, SlurmWorkerR
     async def _watch(self, flow_run: "FlowRun", job_id: str) -> None:
         try:
             self.get_flow_run_logger(flow_run).info(f"Following Slurm job {job_id} of flow run {flow_run.id}")
-            state, code = await follow(job_id)
+            state, code = await self._follow(flow_run, job_id)
             if state != "COMPLETED":
                 await self._propose_crashed_state(flow_run, f"Slurm job {job_id} ended {state} (exit {code})")
         finally:

@@ -20,7 +20,7 @@ import pytest
 
 from labrun import prefect_processes as processes
 
-from e2e_helpers import FINAL, client, read_run, wait_for
+from e2e_helpers import FINAL, cancel_like_the_ui, client, read_run, wait_for
 
 HERE = Path(__file__).parent
 INSTALL = "run .ci/install-slurm (as root) to install and start a one-node Slurm"
@@ -143,8 +143,19 @@ def test_a_cancelled_job_ends_its_flow_run(slurm_pool, tmp_path):
     job = slurm_pool.running(run_id, out)
     subprocess.run(["scancel", job], check=True, timeout=30)
     run = wait_for([run_id], timeout_s=90)[run_id]
-    assert run.state.type.value in {"CRASHED", "FAILED"}, run.state
+    assert run.state.type.value == "CRASHED", run.state
     assert sacct_rows_of(job)[0][2].startswith("CANCELLED")
+
+
+def test_cancelling_a_running_run_cancels_its_job(slurm_pool, tmp_path):
+    out = tmp_path / "probe.txt"
+    run_id = slurm_pool.run(out, seconds=300)
+    job = slurm_pool.running(run_id, out)
+    cancel_like_the_ui(run_id)
+    assert sacct_rows_of(job)[0][2].startswith("CANCELLED")
+    # The engine in the job reports the SIGTERM as a crash; the worker then says Cancelled.
+    run = wait_for([run_id], states={"CANCELLED"}, timeout_s=30)[run_id]
+    assert "cancelled with its flow run" in run.state.message
 
 
 def test_the_job_outlives_a_killed_worker_and_is_not_submitted_again(slurm_pool, tmp_path):
@@ -218,3 +229,23 @@ def test_a_run_scheduled_again_while_its_job_lives_is_followed_not_submitted(slu
     name = read_run(run_id).name
     assert [row for row in sacct() if row[1] == name] == [[job, name, "COMPLETED"]]
     assert out.read_text().split() == [job, "-"]
+
+
+def test_a_job_that_sbatch_refuses_crashes_its_run_with_the_reason(slurm_pool, tmp_path):
+    run_id = slurm_pool.run(tmp_path / "probe.txt", gpus=3)  # the node has two
+    run = wait_for([run_id], timeout_s=60)[run_id]
+    assert run.state.type.value == "CRASHED", run.state
+    assert "sbatch refused the job" in run.state.message and "not available" in run.state.message
+
+
+def test_cancelling_a_run_whose_job_waits_cancels_the_job(slurm_pool, tmp_path):
+    run_id = slurm_pool.run(tmp_path / "probe.txt", sbatch_args=["--hold"])  # pending until released
+    deadline = time.monotonic() + 60
+    while not (job := read_run(run_id).infrastructure_pid):
+        assert time.monotonic() < deadline, slurm_pool.tail()
+        time.sleep(0.5)
+    assert squeue_state(job) == "PENDING"
+    cancel_like_the_ui(run_id)
+    run = wait_for([run_id], timeout_s=60)[run_id]
+    assert run.state.type.value == "CANCELLED", run.state
+    assert sacct_rows_of(job)[0][2].startswith("CANCELLED")
