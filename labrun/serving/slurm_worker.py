@@ -182,7 +182,6 @@ class SlurmWorker(BaseWorker[SlurmJobConfiguration, SlurmVariables, SlurmWorkerR
     job_configuration_variables = SlurmVariables
     _description = "Run each flow run as a Slurm batch job (sbatch), followed until it ends."
     _display_name = "Slurm (labrun)"
-    _documentation_url = "https://github.com/labrun/labrun/blob/main/docs/server-mode.md#experiments-on-other-machines"
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
