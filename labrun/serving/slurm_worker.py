@@ -5,9 +5,10 @@
 what Prefect's process worker would run, `python -m prefect.engine` with the flow run's
 environment (PREFECT__FLOW_RUN_ID, the API's address, the job's `env`), to `sbatch`, with
 the job variables below; then it follows the job (`scontrol`, then `sacct` once the
-controller has forgotten it) until it ends, and cancels it when its run is cancelled. The flow run reports its own states from inside
-the job; a job that ends otherwise (scancel, preemption, time limit, a lost node) makes the
-flow run Crashed, saying how the job ended.
+controller has forgotten it) until it ends, and cancels it when its run is cancelled. The
+flow run reports its own states from inside the job; a job that ends otherwise (scancel,
+preemption, the time limit, a lost node) makes the run Crashed, and the run's logs say how
+the job ended.
 
 Slurm owns the jobs: a worker that dies leaves them running. Prefect hands a worker only
 Scheduled runs and this one moves a run to Pending before it calls `sbatch`, so no restarted
@@ -135,7 +136,7 @@ async def submit(configuration: SlurmJobConfiguration, flow_run_id: str) -> str:
 
 async def live_job(flow_run_id: str) -> str | None:
     """The id of a job the controller holds for the flow run (pending or running), if any."""
-    rc, out, _ = await _slurm("squeue", "-h", "-t", "PENDING,RUNNING,SUSPENDED,CONFIGURING,COMPLETING", "-o", "%i %k")
+    rc, out, _ = await _slurm("squeue", "--me", "-h", "-t", "PENDING,RUNNING,SUSPENDED,CONFIGURING,COMPLETING", "-o", "%i %k")
     if rc != 0:
         return None
     for line in out.splitlines():
