@@ -8,6 +8,7 @@
 - `submit`: one session run per idea, each with a workspace of its own;
 - `pools`: the work pool a session's experiment attempts run on, checked, and the deployment
   of the attempt flow on it.
+- `slurm_worker`: the `labrun-slurm` Prefect worker type (imports Prefect; Prefect loads it).
 
 The processes of a server and its workers are in `labrun.prefect_processes`. The names below
 are what prefect.yaml and the UI know labrun's objects by. Importing this package does not
