@@ -105,15 +105,16 @@ def run_command(
     on_start: Callable[[int], None] | None = None,
     sandbox: Sandbox | None = None,
     keys: Iterable[str] = (),
+    env: dict[str, str] | None = None,
 ) -> CommandResult:
     """Run `command` with bash; its whole output goes to `log_path` (the kernel writes it,
     so the log survives a crash of the engine). The process group is killed on timeout or
     when the output passes `max_output_bytes`. `keys`: the secrets it gets (the session's
     keys for experiments); bubblewrap starts from the same environment, so they reach the
-    command inside the sandbox too."""
+    command inside the sandbox too. `env`: variables it gets besides (a rerun's GPUs)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     argv = ["bash", "-c", command]
-    env = scrubbed_env(keys)
+    env = {**scrubbed_env(keys), **(env or {})}
     runner = execution(sandbox)
     start = time.monotonic()
     with open(log_path, "wb") as log:

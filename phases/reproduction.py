@@ -47,6 +47,7 @@ from typing import Any
 
 import psutil
 
+from labrun import gpus
 from labrun.commands import kill_group, run_command
 from labrun.crashpoints import crashpoint
 from labrun.phases.execution import TaskSpec, engine_task, execute
@@ -115,14 +116,21 @@ def reproduce_one(session: Session, attempt: Attempt, left_s: float, tolerance: 
     if missing:
         return Reproduction(status="SKIPPED", detail=f"not rerun: {missing}")
     log = place / "output.log"
-    sandbox = None
-    if bubblewrap() is not None:
-        sandbox = replace(session.confinement.sandbox(), mounted_from=copy, tmp=place / "tmp", cache=place / "home",
-                          readonly=tuple(session.ws.root / e for e in environments))
-    limit_s = min(session.limits.time_limit_s, left_s)
-    result = run_command(attempt.command, copy, log, timeout_s=limit_s, max_output_bytes=200_000_000,
-                         on_start=lambda pgid: (note_group(place, pgid), crashpoint("reproduction")), sandbox=sandbox,
-                         keys=session.confinement.key_names())
+    try:  # as many GPUs as it had, its own while the rerun runs
+        held = gpus.claim(attempt.gpu_count)
+    except gpus.GpuRefused as e:
+        return Reproduction(status="SKIPPED", detail=f"not rerun: {e}")
+    try:
+        sandbox = None
+        if bubblewrap() is not None:
+            sandbox = replace(session.confinement.sandbox().with_gpus(held), mounted_from=copy, tmp=place / "tmp",
+                              cache=place / "home", readonly=tuple(session.ws.root / e for e in environments))
+        limit_s = min(session.limits.time_limit_s, left_s)
+        result = run_command(attempt.command, copy, log, timeout_s=limit_s, max_output_bytes=200_000_000,
+                             on_start=lambda pgid: (note_group(place, pgid), crashpoint("reproduction")),
+                             sandbox=sandbox, keys=session.confinement.key_names(), env=held.env())
+    finally:
+        held.close()
     recorded = dict(log=str(log.relative_to(session.ws.root)), duration_s=round(result.duration_s, 2))
     if result.timed_out and limit_s < session.limits.time_limit_s:
         return Reproduction(status="SKIPPED", detail=f"not finished when the {settings(session)[0]:g} minutes for "

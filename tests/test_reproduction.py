@@ -9,6 +9,7 @@ once that phase is complete (`phases.reproduction.reproduce`).
 from __future__ import annotations
 
 import json
+import uuid
 
 import pytest
 
@@ -321,3 +322,19 @@ def test_a_run_time_that_differs_is_said_and_the_claimed_metric_decides(session)
     again = session.state.attempts[n - 1].reproduction
     assert again.status == "REPRODUCED", again
     assert again.detail.startswith("1 metric the same") and "no claim's, and differing: seconds " in again.detail
+
+
+def test_the_rerun_of_an_attempt_with_a_gpu_gets_one_of_its_own(session, monkeypatch):
+    """A fake device list (this machine has no GPU). The script stops unless it sees exactly
+    one GPU: the rerun, like the attempt, must be given one, not all nor none."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", ",".join(f"GPU-{uuid.uuid4()}" for _ in range(2)))
+    planned(session)
+    one_gpu = "import os\nassert len(os.environ['CUDA_VISIBLE_DEVICES'].split(',')) == 1, 'not one GPU'\n" + MEASURE
+    write(session, "src/measure.py", one_gpu)
+    result = call(session, "experiments", "run_experiment", command="python3 src/measure.py 0", gpus=1,
+                  purpose="measure the slope", run_id="R1", metrics_file="results/m0.json")
+    assert "SUCCESS" in result.content, result.content
+    n = session.state.attempts[-1].n
+    judged(session, {"C1": n, "C2": n, "C3": n})
+    reproduce(session)
+    assert session.state.attempts[n - 1].reproduction.status == "REPRODUCED", session.state.attempts[n - 1].reproduction
