@@ -3,10 +3,12 @@ a flow run of its own, on the work pool the session sends its attempts to (`run_
 `labrun.phases.execution`; its deployment `experiment-attempt/<pool>`: `labrun.serving.pools`).
 
 It runs the task as the engine's process would (`run_here`: from the workspace alone, its
-result persisted in the workspace), so the worker needs the workspace's path on storage it
-sees, and the keys the attempt names in its own environment: the parameters carry names, never
-values (the UI shows them). Its state says how the attempt came out; its record is in the
-attempt's run file, which the engine reads.
+result persisted in the workspace): in the workspace's own path, which the worker then sees on
+storage shared with the engine, or, when the session names experiments storage (`spec.storage`),
+in a workspace of its own made from the files the engine sent there, whose changes go back the
+same way (`labrun.transfer`). The keys the attempt names come from the worker's own environment:
+the parameters carry names, never values (the UI shows them). Its state says how the attempt
+came out; its record is in the attempt's run file, which the engine reads.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from prefect.states import Completed, Failed, State
 
 from labrun.phases.execution import run_here, spec_of
 from labrun.serving import ATTEMPT_FLOW
+from labrun.settings import settings
 
 
 @flow(name=ATTEMPT_FLOW, persist_result=False, log_prints=True)
@@ -28,6 +31,12 @@ def experiment_attempt_flow(task: str, spec: dict[str, Any]) -> State:
         task: the engine task's name (attempt)
         spec: what it is given: the workspace, the session's id, the attempt's number
     """
-    record = run_here(task, spec_of(task, spec))
+    parsed = spec_of(task, spec)
+    if parsed.storage:
+        from labrun.transfer import run_from_storage
+
+        record = run_from_storage(parsed, lambda here: run_here(task, here), settings().experiments_workdir)
+    else:
+        record = run_here(task, parsed)
     line = f"attempt {record['n']} {record['status']}" + (f": {record['error']}" if record.get("error") else "")
     return Completed(message=line, data=record) if record["status"] == "SUCCESS" else Failed(message=line, data=record)

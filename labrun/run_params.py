@@ -59,6 +59,10 @@ class RunParams(BaseModel):
     experiments_pool: str | None = Field(None, description=(
         "The Prefect work pool every experiment attempt runs on, as a flow run of its own (e.g. a pool of "
         "GPU machines); else the idea's constraints.experiments_pool, or the session's; unset: where the session runs."))
+    experiments_storage: str | None = Field(None, description=(
+        "Where the pool's attempts get their files by content when its workers cannot see the workspace: a path "
+        "on storage both sides reach or an fsspec URL (s3://bucket/prefix); else LABRUN_EXPERIMENTS_STORAGE, or the "
+        "session's; unset: the workers see the workspace's path."))
     review_after: list[Annotated[str, Field(json_schema_extra={"enum": PHASES})]] | None = Field(None, description=(
         "Phases a person reviews once they complete; a new session takes them, else the idea's "
         "metadata.review_after; a later run's list replaces the session's."))

@@ -22,6 +22,7 @@ from labrun.plan import Plan
 from labrun.run_params import RunParams
 from labrun.evidence import echoed, kept_text, unmeasured
 from labrun.sealed import seal
+from labrun.settings import settings
 from labrun.secrets import declare, undumpable
 from labrun.snapshot import entry_digest
 from labrun.workspace import Workspace
@@ -147,7 +148,7 @@ class Session:
                     session._take_options(agent, model, budget_usd, max_turns, network, list(pass_env),
                                           run.parallel_attempts)
                     session._take_reviews(review_after)
-                    session._take_pool(run.experiments_pool)
+                    session._take_pool(run.experiments_pool, run.experiments_storage or settings().experiments_storage)
                     session.records.reconcile()
             else:
                 if idea is None:
@@ -175,6 +176,7 @@ class Session:
                     sealed=sealed,
                     review_after=review_after,
                     experiments_pool=run.experiments_pool or idea.constraints.experiments_pool,
+                    experiments_storage=run.experiments_storage or settings().experiments_storage,
                 )
                 store = StateStore(ws, state)
                 session = cls(ws, store, idea)
@@ -299,11 +301,14 @@ class Session:
                          + "".join(f"; phase {r.phase} no longer awaits review" for r in dropped))
         self.store.save()
 
-    def _take_pool(self, pool: str | None) -> None:
-        """A run's experiments pool replaces the session's (a resume without one keeps it)."""
+    def _take_pool(self, pool: str | None, storage: str | None) -> None:
+        """A run's experiments pool and storage replace the session's (a resume without them keeps its own)."""
         if pool and pool != self.state.experiments_pool:
             self.state.experiments_pool = pool
             self.store.event(f"experiment attempts run on work pool {pool} from now on (--experiments-pool)")
+        if storage and storage != self.state.experiments_storage:
+            self.state.experiments_storage = storage
+            self.store.event(f"experiment attempts get their files through {storage} from now on (--experiments-storage)")
 
     # -- phases ----------------------------------------------------------------------------
 

@@ -86,6 +86,10 @@ class Settings(BaseSettings):
     """minutes without a worker online after which a session's experiments pool (--experiments-pool) counts as unattended"""
     pool_no_worker: Literal["wait", "fail"] = "wait"
     """an experiments pool unattended that long: wait (warn and keep waiting for a worker) or fail (refuse the session, or end the waiting attempt INTERRUPTED)"""
+    experiments_storage: Annotated[str | None, EmptyIsUnset] = None
+    """where attempts on an experiments pool get their files by content when its workers cannot see the workspace (a path or fsspec URL; --experiments-storage)"""
+    experiments_workdir: Annotated[str | None, EmptyIsUnset] = None
+    """on a pool's worker: where attempts get a workspace of their own from the experiments storage (default: the system's temporary folder)"""
 
     # -- server mode and the Prefect API ------------------------------------------------------
     model_api_slots: int = 4

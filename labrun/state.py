@@ -236,6 +236,9 @@ class SessionState(BaseModel):
     experiments_pool: str | None = None
     """The Prefect work pool each experiment attempt runs on (`--experiments-pool`,
     `constraints.experiments_pool`); None: where the engine runs."""
+    experiments_storage: str | None = None
+    """Where the pool's attempts get their files by content (`--experiments-storage`,
+    `labrun.transfer`); None: its workers see the workspace's path."""
     created_at: str = Field(default_factory=now)
     phases: dict[str, PhaseRecord] = Field(
         default_factory=lambda: {k: PhaseRecord() for k in DEFAULT}

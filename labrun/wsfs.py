@@ -29,9 +29,10 @@ import hashlib
 import os
 import platform
 import secrets
+import shutil
 import stat
 from pathlib import Path, PurePosixPath
-from typing import Callable, Iterator
+from typing import BinaryIO, Callable, Iterator
 
 RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_NO_SYMLINKS = 0x04
@@ -253,13 +254,15 @@ class Beneath:
             os.close(fd)
             raise
 
-    def write(self, path: str | Path, data: bytes | str, mode: int = 0o644,
+    def write(self, path: str | Path, data: bytes | str | BinaryIO, mode: int = 0o644,
               before_rename: Callable[[], None] | None = None, durable: bool = True) -> None:
         """Replace `path` whole: readers see the old file or the new one. Made in the staging
         folder, then renamed into a parent opened beneath the root; a link at `path` is
         replaced, never followed. `before_rename`: called with the new file written whole
-        and not yet in place (a crash point's). `durable`: on disk (its data, then its folder)
-        before this returns, so that it outlives the machine and not only the process."""
+        and not yet in place (a crash point's, or a check of what was streamed in). `data`: a
+        file open for reading is copied in chunks (a big file need not fit in memory).
+        `durable`: on disk (its data, then its folder) before this returns, so that it
+        outlives the machine and not only the process."""
         if isinstance(data, str):
             data = data.encode("utf-8")
         parts = self._rel(path)
@@ -272,7 +275,10 @@ class Beneath:
             try:
                 with os.fdopen(fd, "wb") as f:
                     os.fchmod(f.fileno(), mode)
-                    f.write(data)
+                    if isinstance(data, bytes):
+                        f.write(data)
+                    else:
+                        shutil.copyfileobj(data, f, 1 << 20)
                     f.flush()
                     if durable:
                         os.fsync(f.fileno())

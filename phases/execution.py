@@ -42,13 +42,15 @@ class TaskSpec(BaseModel):
     lease of the engine that holds the workspace (the phase task records under it:
     `Workspace.leased`); and the socket of the engine's egress proxy when its commands have
     the network (a task on the engine's machine uses it rather than starting a proxy of its
-    own); and the work pool the session's attempts run on, if it names one."""
+    own); and the work pool the session's attempts run on, if it names one, with the storage
+    their files travel through when its workers cannot see the workspace (`labrun.transfer`)."""
 
     workspace: str
     session_id: str
     lease: str | None = None
     egress: str | None = None
     pool: str | None = None
+    storage: str | None = None
 
     @classmethod
     def of(cls, session, **what: Any):
@@ -57,7 +59,7 @@ class TaskSpec(BaseModel):
         egress = confinement.egress_socket() if confinement.network_on else None
         return cls(workspace=str(session.ws.root), session_id=session.state.session_id,
                    lease=session.ws.lease, egress=str(egress) if egress else None,
-                   pool=session.state.experiments_pool, **what)
+                   pool=session.state.experiments_pool, storage=session.state.experiments_storage, **what)
 
 
 def engine_task(name: str, run_name: str, key: str):
@@ -130,14 +132,42 @@ def run_on_pool(name: str, spec: TaskSpec) -> dict[str, Any]:
     same run again). An engine that finds an id there (a resume: `reattach_attempt`) waits for
     that run instead of starting another. A run that ends Crashed, Cancelled or Failed
     without the attempt's record is the infrastructure's failure (a lost worker), not the
-    experiment's: INTERRUPTED, saying so."""
+    experiment's: INTERRUPTED, saying so.
+
+    With `spec.storage` the worker need not see the workspace: the files the attempt starts
+    from go there by content before the run is created, and what it changed comes back from
+    there once the run is final, before its record is read (`labrun.transfer`)."""
+    from labrun import transfer
     from labrun.attempt_records import AttemptRecords
     from labrun.workspace import Workspace
 
     n: int = spec.n  # type: ignore[attr-defined]  # an attempt's (ON_POOL)
-    records = AttemptRecords(Workspace(spec.workspace), store=None)
-    flow_run = records.run(n).get("flow_run") or _submit(name, spec, n, records)
-    return _outcome(_wait(flow_run, spec.pool or "", n), spec.pool, n, records)
+    ws = Workspace(spec.workspace)
+    records = AttemptRecords(ws, store=None)
+    store = transfer.Store(spec.storage) if spec.storage else None
+    declared = transfer.declared_data(_idea(ws)) if store else []
+    flow_run = records.run(n).get("flow_run")
+    try:
+        if not flow_run and store:
+            sent = transfer.send(ws, store, spec.session_id, n, declared)
+            logging.getLogger("labrun").info("attempt %d: %d of its %d bytes sent to %s (the rest was there)", n,
+                                             store.sent, sum(e.size for e in sent.files.values()), store.url)
+        run = _wait(flow_run or _submit(name, spec, n, records), spec.pool or "", n)
+        if store and not records.run(n).get("ended") and transfer.receive(ws, store, spec.session_id, n, declared):
+            logging.getLogger("labrun").info("attempt %d: %d bytes brought back from %s", n, store.received, store.url)
+    except (transfer.StorageError, transfer.TransferRefused, OSError) as e:
+        if not store:
+            raise
+        return {"status": "INTERRUPTED", "task_run": records.run(n).get("task_run"), "pid": None,
+                "error": f"an infrastructure failure, not the experiment's: its files could not travel through "
+                         f"{store.url} ({e}); anything it wrote may be incomplete"}
+    return _outcome(run, spec.pool, n, records)
+
+
+def _idea(ws):
+    from labrun.idea import load_idea
+
+    return load_idea(ws.idea_copy)
 
 
 def _submit(name: str, spec: TaskSpec, n: int, records) -> str:

@@ -232,8 +232,13 @@ def _review_after(p: argparse.ArgumentParser) -> None:
 def _experiments_pool(p: argparse.ArgumentParser) -> None:
     p.add_argument("--experiments-pool", default=None, metavar="POOL",
                    help="run every experiment attempt as a flow run of its own on this Prefect work pool "
-                   "(its workers must see the workspace's path); a resumed session keeps its own (default: "
+                   "(its workers see the workspace's path, or get its files through --experiments-storage); a resumed session keeps its own (default: "
                    "the idea's constraints.experiments_pool, else where the session runs)")
+    p.add_argument("--experiments-storage", default=None, metavar="URL",
+                   help="with --experiments-pool whose workers cannot see the workspace: a path on storage "
+                   "both sides reach, or an fsspec URL (s3://bucket/prefix), through which each attempt's files "
+                   "go there and its outputs come back, by content; a resumed session keeps its own (default: "
+                   "LABRUN_EXPERIMENTS_STORAGE)")
 
 
 def _pass_env(p: argparse.ArgumentParser) -> None:

@@ -80,6 +80,7 @@ def cmd_run(args) -> int:
                            parallel_attempts=args.parallel_attempts, with_phases=list(with_phases),
                            paper_style=args.paper_style, network=args.network, pass_env=list(keys),
                            review_after=reviewed, experiments_pool=args.experiments_pool,
+                           experiments_storage=args.experiments_storage,
                            start_again=f"{labrun_command()} run {args.idea} --workspace {args.workspace}"))
 
 
@@ -114,7 +115,7 @@ def cmd_resume(args) -> int:
     return run_session(Run(workspace=args.workspace, model=args.model, budget_usd=args.budget_usd,
                            max_turns=args.max_turns, verbose=args.verbose, network=args.network,
                            parallel_attempts=args.parallel_attempts, pass_env=list(keys), review_after=reviewed,
-                           experiments_pool=args.experiments_pool))
+                           experiments_pool=args.experiments_pool, experiments_storage=args.experiments_storage))
 
 
 def cmd_demo(args) -> int:

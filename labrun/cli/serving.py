@@ -110,7 +110,7 @@ def cmd_queue(args) -> int:
     with temporary_settings({PREFECT_API_URL: api_url}):
         _check_deployment(args.deployment, api_url)
         if args.experiments_pool:
-            _check_pool(args.experiments_pool)
+            _check_pool(args.experiments_pool, args.experiments_storage)
         for path in ideas:
             try:
                 outcomes.append(_queue_one(path, root, args))
@@ -156,7 +156,8 @@ def _queue_one(path: Path, root: Path, args) -> str:
     run = submit_session(RunParams(idea_path=str(path), workspace=str(workspace), agent=args.agent, model=args.model,
                                    with_phases=args.with_phases or None, paper_style=args.paper_style,
                                    pass_env=args.pass_env or None, review_after=args.review_after,
-                                   experiments_pool=args.experiments_pool),
+                                   experiments_pool=args.experiments_pool,
+                                   experiments_storage=args.experiments_storage),
                          args.deployment)
     console.print(f"{path.name} → {workspace}\n  {_agent_of(workspace, args.agent)}\n"
                   f"  flow run {run.name} {run.id}\n  {flow_run_url(run.id)}")
@@ -196,11 +197,11 @@ def _api_url_for_clients() -> str:
     raise CliError("no Prefect server: start one with `labrun server` (or set PREFECT_API_URL to yours)")
 
 
-def _check_pool(pool: str) -> None:
+def _check_pool(pool: str, storage: str | None) -> None:
     from labrun.serving.pools import PoolError, check_pool
 
     try:
-        warning = check_pool(pool)
+        warning = check_pool(pool, storage)
     except PoolError as e:
         raise CliError(str(e)) from None
     if warning:

@@ -35,12 +35,22 @@ class PoolError(ValueError):
     """An experiments pool that cannot take attempts: one line saying what to do."""
 
 
-def check_pool(name: str) -> str | None:
-    """Refuses (`PoolError`) a pool the Prefect API does not know, and one no worker has
-    polled for `LABRUN_POOL_WORKER_WAIT_MIN` minutes when `LABRUN_POOL_NO_WORKER=fail`;
-    returns a warning for the latter otherwise."""
+def check_pool(name: str, storage: str | None = None) -> str | None:
+    """Refuses (`PoolError`) a pool the Prefect API does not know, experiments storage this
+    machine cannot write and read back (`labrun.transfer`; the worker's side is checked as each
+    attempt's flow run starts), and a pool no worker has polled for
+    `LABRUN_POOL_WORKER_WAIT_MIN` minutes when `LABRUN_POOL_NO_WORKER=fail`; returns a warning
+    for the latter otherwise."""
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
+
+    if storage:  # a pool whose attempts cannot get their files cannot take them
+        from labrun.transfer import StorageError, check_storage
+
+        try:
+            check_storage(storage)
+        except StorageError as e:
+            raise PoolError(str(e)) from None
 
     with get_client(sync_client=True) as client:
         try:
