@@ -25,6 +25,7 @@ from prefect.states import Failed, State
 from labrun import gpus
 from labrun.commands import start_supervised
 from labrun.model import UsageWindowSpent
+from labrun.secrets import declare
 from labrun.crashpoints import crashpoint
 from labrun.evidence import echoed, kept_text, shell_writer, unmeasured
 from labrun.phases.execution import TaskSpec, engine_task, execute
@@ -287,12 +288,33 @@ def experiment_attempt(spec: AttemptSpec) -> dict | State:
     what it notes as it runs goes to its run file, and its record is returned."""
     session = Session.attach(spec)
     try:
+        if spec.pool:  # on a pool's worker: its own environment, else its server's Secret blocks
+            keys_from_secret_blocks(session.confinement.key_names())
         record = _run(session, spec.n)
     finally:
         session.close()
     if record["status"] == "FAILED":  # the UI shows the task run failed; the engine records it all the same
         return Failed(message=f"attempt {spec.n} FAILED: {record['error']}", data=record)
     return record
+
+
+def keys_from_secret_blocks(names: list[str]) -> None:
+    """The keys this worker's environment lacks, from the Prefect Secret block of the same name
+    in lower case with dashes (`OPENAI_API_KEY`: `openai-api-key`), where there is one: so a key
+    reaches a remote attempt by its name, never in a flow run's parameters. Declared secret,
+    so that whatever labrun writes redacts it."""
+    from prefect.blocks.system import Secret
+
+    for name in names:
+        if name in os.environ:
+            continue
+        try:
+            value = Secret.load(name.lower().replace("_", "-")).get()
+        except ValueError:  # no such block
+            continue
+        if isinstance(value, str) and value:
+            os.environ[name] = value
+            declare([name])
 
 
 def _run(session: Session, n: int) -> dict:

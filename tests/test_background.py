@@ -6,6 +6,7 @@ real supervised commands (`labrun.supervisor`), real Prefect subtasks."""
 from __future__ import annotations
 
 import json
+import os
 import uuid
 import time
 
@@ -152,3 +153,22 @@ def test_background_attempts_get_gpus_of_their_own_and_one_waits_until_one_is_fr
     assert spans[first][0] < spans[second][1] and spans[second][0] < spans[first][1]  # those two at once
     assert spans[last][0] >= min(spans[first][1], spans[second][1])  # the third once one was free
     assert [session.state.attempts[n - 1].gpus for n in runs] == [[s] for s in seen]
+
+
+def test_a_remote_attempt_takes_a_key_its_worker_lacks_from_the_prefect_secret_block_of_its_name(prefect_api, monkeypatch):
+    """On a pool's worker the keys come by name: from the worker's environment, else from the
+    server's Secret block of the same name (never from a flow run's parameters)."""
+    from prefect.blocks.system import Secret
+
+    from labrun.phases.attempts import keys_from_secret_blocks
+    from labrun.secrets import redact
+
+    name = f"LABRUN_TEST_KEY_{uuid.uuid4().hex[:8].upper()}"
+    value = f"sk-test-{uuid.uuid4().hex}"
+    Secret(value=value).save(name.lower().replace("_", "-"))
+    monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LABRUN_TEST_HAS_ITS_OWN", "the worker's own")
+    keys_from_secret_blocks([name, "LABRUN_TEST_HAS_ITS_OWN", "LABRUN_TEST_NO_SUCH_BLOCK"])
+    assert os.environ[name] == value and value not in redact(f"the key is {value}")
+    assert os.environ["LABRUN_TEST_HAS_ITS_OWN"] == "the worker's own" and "LABRUN_TEST_NO_SUCH_BLOCK" not in os.environ
+    monkeypatch.delenv(name)
