@@ -22,6 +22,7 @@ SMALLEST = {
     "server_throughput.py": ["--levels", "1", "--per-slot", "1"],
     "claude_tools.py": [],
     "integrity.py": [],
+    "transfer.py": ["--files", "50", "--data-mb", "1"],
 }
 
 
