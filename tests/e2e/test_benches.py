@@ -22,6 +22,8 @@ SMALLEST = {
     "server_throughput.py": ["--levels", "1", "--per-slot", "1"],
     "claude_tools.py": [],
     "integrity.py": [],
+    "attempts.py": ["--kills", "1", "--seconds", "2", "--attempt-s", "1", "--repeat", "1", "--pool-attempts", "1",
+                    "--worker-poll-s", "1"],
 }
 
 
