@@ -23,6 +23,8 @@ SMALLEST = {
     "claude_tools.py": [],
     "integrity.py": [],
     "transfer.py": ["--files", "50", "--data-mb", "1"],
+    "attempts.py": ["--kills", "1", "--seconds", "2", "--attempt-s", "1", "--repeat", "1", "--pool-attempts", "1",
+                    "--worker-poll-s", "1"],
 }
 
 
