@@ -28,7 +28,7 @@ from labrun.model import UsageWindowSpent
 from labrun.secrets import declare
 from labrun.crashpoints import crashpoint
 from labrun.evidence import echoed, kept_text, shell_writer, unmeasured
-from labrun.phases.execution import TaskSpec, engine_task, execute
+from labrun.phases.execution import TaskSpec, cancel_on_pool, engine_task, execute
 from labrun.settings import settings
 from labrun.session import Session
 from labrun.snapshot import changed, keep_copies, workspace_files
@@ -44,6 +44,8 @@ MAX_METRICS_BYTES = 10_000_000
 DISK_FULL = os.strerror(errno.ENOSPC)  # "No space left on device"
 
 
+STOP_WAIT_S = 120
+"""How long `stop_experiment` waits for an attempt to end before it says so."""
 OUTPUT_CHARS = 20_000
 """The most of an attempt's new output one `experiment_output` call returns (its end)."""
 
@@ -100,10 +102,18 @@ class PhaseAttempts:
             raise ToolError(f"attempt {n} is not one of this phase's running attempts (it is {phase}'s)")
         self.stopped[n] = why
         self.session.ws.write_json(self.session.records.stop_path(n), {"why": why}, durable=False)
+        deadline = time.monotonic() + STOP_WAIT_S
+        cancelled = False
         while not self.done[n].wait(0.2):  # its supervisor may start any moment: killed once it has
-            supervised = self.session.records.supervised(n)
-            if supervised.read().get("pid"):
+            if flow_run := self.session.records.run(n).get("flow_run"):
+                if not cancelled:  # on a pool's worker: the flow run cancelled, which ends its command there
+                    cancel_on_pool(flow_run)
+                    cancelled = True
+            elif (supervised := self.session.records.supervised(n)).read().get("pid"):
                 supervised.stop()
+            if time.monotonic() > deadline:
+                raise ToolError(f"attempt {n} has not stopped after {STOP_WAIT_S} s; experiment_output({n}) tells "
+                                "when it ends")
         self.told.add(n)
         return self.session.state.attempts[n - 1]
 

@@ -222,6 +222,18 @@ def _wait(flow_run: str, pool: str, n: int):
     raise AssertionError("unreachable")
 
 
+def cancel_on_pool(flow_run: str) -> None:
+    """Cancel an attempt's flow run on its pool: its worker ends the run's process, whose task
+    then stops the attempt's command (`experiment_attempt`, as on Ctrl-C)."""
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelling
+
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(UUID(flow_run), Cancelling(message="stopped by the agent"), force=True)
+
+
 def _outcome(run, pool: str | None, n: int, records) -> dict[str, Any]:
     """The attempt's record, from its run file where its task wrote it; INTERRUPTED, as the
     infrastructure's failure, when the flow run ended without one."""
