@@ -17,7 +17,7 @@ from labrun.snapshot import changed
 from labrun.state import Attempt, StateStore
 from labrun.workspace import Workspace
 
-ENDED = {"status", "exit_code", "duration_s", "error", "metrics", "outputs", "unmeasured", "echoed", "task_run", "gpus"}
+ENDED = {"status", "exit_code", "duration_s", "error", "metrics", "outputs", "unmeasured", "echoed", "task_run", "gpus", "beside"}
 """What an attempt's task finds out, for the engine to record."""
 
 

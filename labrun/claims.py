@@ -233,10 +233,14 @@ class Standing:
     scored: str = ""
     """The sealed scores, when they score what this claim's attempts made (shown beside a
     claim of another name: the agent names its metrics)."""
+    beside: str = ""
+    """What ran beside one of its attempts (`Attempt.beside`), when one did: then only a rerun
+    that reproduced it vouches for it."""
 
     @property
     def confirmed(self) -> bool:
-        return not self.contradicted and not self.reproduced.startswith("diverged")
+        return not self.contradicted and not self.reproduced.startswith("diverged") \
+            and not (self.beside and self.reproduced != "reproduced")
 
     @property
     def status(self) -> str:
@@ -244,6 +248,8 @@ class Standing:
             return "contradicted by the sealed evaluation"
         if self.reproduced.startswith("diverged"):
             return "unconfirmed: the rerun diverged"
+        if self.beside and self.reproduced != "reproduced":
+            return f"unconfirmed: {self.reproduced}, and {self.beside}, which could have written its files"
         return self.reproduced
 
 
@@ -285,7 +291,8 @@ def standing(claim: Claim, attempts: Mapping[int, Any], sealed: Mapping[str, Any
     gone = tuple(dict.fromkeys(f for a, _ in behind for f in (changed or {}).get(a.n, ())))
     baseline = mean(claim.baseline_attempts, claim.compared_metric) if claim.baseline_attempts else None
     scored = ", ".join(f"{k}={_num(v)}" for k, v in sealed.items())
-    return Standing(claim, value, baseline, reproduced, score, contradicted, gone, scored)
+    beside = "; ".join(f"#{a.n} ran beside {', '.join(a.beside)}" for a, _ in behind if getattr(a, "beside", None))
+    return Standing(claim, value, baseline, reproduced, score, contradicted, gone, scored, beside)
 
 
 def _name(metric: str) -> str:

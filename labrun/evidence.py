@@ -522,6 +522,8 @@ class Evidence:
         deterministic run, is no copy)."""
         now = entry_digest(self.root, rel)
         for a in self.attempts:
+            if getattr(a, "beside", None) and rel not in (a.metrics_file, *a.outputs):
+                continue  # other commands wrote beside it: only what it declared may be its own
             record = self.files.get(a.n) or {}
             others = {digest for path, digest in (record.get("before") or {}).items() if path != rel}
             if self.computed(a) and now is not None and (record.get("after") or {}).get(rel) == now \

@@ -133,6 +133,10 @@ class Attempt(BaseModel):
     """The GPUs it asked for (`run_experiment`'s `gpus`)."""
     gpus: list[str] = Field(default_factory=list)
     """The GPUs it held, as CUDA_VISIBLE_DEVICES names them (`labrun.gpus`)."""
+    beside: list[str] = Field(default_factory=list)
+    """What else could write the workspace while it ran (other attempts, the agent's own
+    commands): the engine cannot tell their writes from its own, so only its rerun vouches for
+    its numbers, and only the files it declared count as its own."""
 
 
 class Branch(BaseModel):

@@ -24,7 +24,9 @@ from prefect.states import Failed, State
 
 from labrun import gpus
 from labrun.commands import start_supervised
+from labrun.agents.registry import own_shell
 from labrun.model import UsageWindowSpent
+from labrun.sandbox import HOW_TO_INSTALL, bubblewrap
 from labrun.secrets import declare
 from labrun.crashpoints import crashpoint
 from labrun.evidence import echoed, kept_text, shell_writer, unmeasured
@@ -67,9 +69,9 @@ class PhaseAttempts:
         self.told: set[int] = set()
         self.stopped: dict[int, str] = {}
         """Attempts this engine ends, and why."""
-        self.touched: dict[int, set[str]] = {}
-        """Files of a running attempt's (its metrics file, its outputs) that the agent's own tools
-        changed beside it: not its measurement alone."""
+        self.own_calls: list[list[float | None]] = []
+        """When the agent's own tools (`bash`, the editor) ran while attempts ran: [start, end]
+        (epoch s; end None while it runs)."""
         self.live = 0
         self.turn = threading.Condition()
         self.abandoned = False
@@ -139,19 +141,14 @@ class PhaseAttempts:
         return self._finish(n, reattached=True)
 
     def watch(self, call: Callable[[], str]) -> str:
-        """Around one of the agent's own tool calls (`bash`, the editor) while attempts run:
-        which of their files it changed (`touched`)."""
-        running = [self.session.state.attempts[n - 1] for n in self.running()]
-        watched = {p: [a.n for a in running if p in (a.metrics_file, *a.outputs)]
-                   for a in running for p in (a.metrics_file, *a.outputs) if p}
-        before = {p: _identity(self.session, p, full=True) for p in watched}
+        """Around one of the agent's own tool calls (`bash`, the editor): when it ran, so that an
+        attempt that ran meanwhile says so (`beside`)."""
+        window: list[float | None] = [time.time(), None]
+        self.own_calls.append(window)
         try:
             return call()
         finally:
-            for p, owners in watched.items():
-                if _identity(self.session, p, full=True) != before[p]:
-                    for n in owners:
-                        self.touched.setdefault(n, set()).add(p)
+            window[1] = time.time()
 
     def close(self, error: BaseException | None) -> None:
         """As the phase ends with attempts still running. A signal (Ctrl-C: the engine's
@@ -164,6 +161,29 @@ class PhaseAttempts:
             for n in running:
                 self.stop(n, "the phase ended while it ran")
         self.abandoned = True
+
+    def _beside(self, n: int) -> list[str]:
+        """What else could write the workspace while attempt n's command ran: the session's
+        other attempts whose commands ran at the same time, the agent's own tools, and for a
+        coding CLI with a shell of its own, that shell, beside a background attempt."""
+        records, attempts = self.session.records, self.session.state.attempts
+        mine = records.supervised(n).read()
+        if "started" not in mine:
+            return []
+        start, end = mine["started"], mine.get("ended", time.time())
+
+        def overlaps(a: float, b: float | None) -> bool:
+            return a < end and (b is None or b > start)
+
+        found = [f"attempt {a.n}" for a in attempts if a.n != n
+                 and "started" in (other := records.supervised(a.n).read())
+                 and overlaps(other["started"], other.get("ended") if "ended" in other or a.status == "RUNNING"
+                              else other["started"])]
+        if any(overlaps(a, b) for a, b in self.own_calls):
+            found.append("the agent's own commands")
+        if attempts[n - 1].background and own_shell(self.session.state.agent):
+            found.append("the agent's own shell")
+        return found
 
     def _refuse_if_shared(self, inp: RunExperimentInput) -> None:
         """Two attempts at once never declare the same file: the engine could not tell whose it is."""
@@ -196,10 +216,7 @@ class PhaseAttempts:
                 return session.state.attempts[n - 1]
             if ended is None or (n in self.stopped and ended["status"] == "INTERRUPTED"):
                 ended = {**(ended or {}), "status": "INTERRUPTED", "error": self.stopped[n]}
-            metrics_file = session.state.attempts[n - 1].metrics_file
-            if ended["status"] == "SUCCESS" and metrics_file in self.touched.get(n, ()):
-                ended["unmeasured"] = (f"{metrics_file} was changed by one of the agent's own commands while the "
-                                       "attempt ran, so it is not the attempt's measurement alone")
+            ended["beside"] = self._beside(n)
             session.records.record(n, ended)
             if "pid" in ended and settings().tasks_in != "here":
                 session.store.log(f"attempt {n} ran in process {ended['pid']} (LABRUN_TASKS_IN={settings().tasks_in})")
@@ -243,6 +260,13 @@ class PhaseAttempts:
             data = os.pread(fd, size - start - skipped, start + skipped) if size > start else b""
         finally:
             os.close(fd)
+        # Whole lines only: a line cut in two (a key it printed among them) is redacted whole or not
+        # shown; the start of a line comes with the next look, once it is written out.
+        if skipped and b"\n" in data:
+            cut = data.index(b"\n") + 1
+            skipped, data = skipped + cut, data[cut:]
+        if self.session.state.attempts[n - 1].status == "RUNNING" and b"\n" in data:
+            data = data[:data.rindex(b"\n") + 1]
         self.seen[n] = start + skipped + len(data)
         head = f"[... {skipped} bytes skipped; the whole output is in its log ...]\n" if skipped else ""
         return head + data.decode(errors="replace")
@@ -268,7 +292,8 @@ def refuse_if_repeated(session: Session, phase_key: str, inp: RunExperimentInput
             found = session.records.files(a.n) if a.status == "FAILED" and a.command == inp.command else None
             if found is None or found["wrote"] is None:
                 continue
-            own = set(found["wrote"]) | set(a.outputs) | {a.metrics_file} - {None}
+            # What it wrote itself, when nothing else could write beside it: else only what it declared.
+            own = (set() if a.beside else set(found["wrote"])) | set(a.outputs) | {a.metrics_file} - {None}
             if not [f for f in changed(found["before"], files) if not _under(f, own)]:
                 reason = (
                     f"attempt {_named(session, a)} already ran this command on these same files and "
@@ -300,12 +325,26 @@ def experiment_attempt(spec: AttemptSpec) -> dict | State:
     try:
         if spec.pool:  # on a pool's worker: its own environment, else its server's Secret blocks
             keys_from_secret_blocks(session.confinement.key_names())
-        record = _run(session, spec.n)
+        if spec.sandboxed and bubblewrap() is None:  # a worker never runs unconfined what its engine confines
+            record = _not_run(session, spec.n, "this worker cannot run labrun's sandbox (bubblewrap), which the "
+                              f"session's engine runs its commands in; {HOW_TO_INSTALL} on the worker")
+        else:
+            record = _run(session, spec.n)
     finally:
         session.close()
     if record["status"] == "FAILED":  # the UI shows the task run failed; the engine records it all the same
         return Failed(message=f"attempt {spec.n} FAILED: {record['error']}", data=record)
     return record
+
+
+def _not_run(session: Session, n: int, why: str) -> dict:
+    """Attempt n's record when it was never started: INTERRUPTED (the machine's doing, not the
+    experiment's), in its run file as a record of its task's is."""
+    attempt = session.state.attempts[n - 1]
+    ended = attempt.model_copy(update=dict(status="INTERRUPTED", error=why,
+                                           task_run=str(TaskRunContext.get().task_run.id))).model_dump()
+    session.ws.write_json(session.records.run_path(n), {**session.records.run(n), "ended": ended}, durable=False)
+    return {**ended, "pid": os.getpid()}
 
 
 def keys_from_secret_blocks(names: list[str]) -> None:

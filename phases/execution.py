@@ -29,6 +29,7 @@ from prefect.transactions import CommitMode, transaction
 from pydantic import BaseModel
 
 from labrun.interrupts import dies_with_labrun
+from labrun.sandbox import bubblewrap
 from labrun.settings import settings
 
 TASKS = {"attempt": "labrun.phases.attempts:experiment_attempt",
@@ -51,6 +52,8 @@ class TaskSpec(BaseModel):
     egress: str | None = None
     pool: str | None = None
     storage: str | None = None
+    sandboxed: bool = False
+    """The engine runs its commands in bubblewrap: a worker that cannot refuses the attempt."""
 
     @classmethod
     def of(cls, session, **what: Any):
@@ -59,7 +62,8 @@ class TaskSpec(BaseModel):
         egress = confinement.egress_socket() if confinement.network_on else None
         return cls(workspace=str(session.ws.root), session_id=session.state.session_id,
                    lease=session.ws.lease, egress=str(egress) if egress else None,
-                   pool=session.state.experiments_pool, storage=session.state.experiments_storage, **what)
+                   pool=session.state.experiments_pool, storage=session.state.experiments_storage,
+                   sandboxed=bubblewrap() is not None, **what)
 
 
 def engine_task(name: str, run_name: str, key: str):

@@ -41,6 +41,8 @@ import math
 import re
 import os
 import stat
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -105,6 +107,15 @@ def reproduce_attempt(spec: ReproductionSpec) -> dict:
         session.close()
 
 
+def _after(seconds: float) -> threading.Event:
+    """An event set `seconds` from now."""
+    event = threading.Event()
+    timer = threading.Timer(seconds, event.set)
+    timer.daemon = True
+    timer.start()
+    return event
+
+
 def reproduce_one(session: Session, attempt: Attempt, left_s: float, tolerance: float) -> Reproduction:
     if left_s <= 0:
         minutes, _ = settings(session)
@@ -116,10 +127,15 @@ def reproduce_one(session: Session, attempt: Attempt, left_s: float, tolerance: 
     if missing:
         return Reproduction(status="SKIPPED", detail=f"not rerun: {missing}")
     log = place / "output.log"
-    try:  # as many GPUs as it had, its own while the rerun runs
-        held = gpus.claim(attempt.gpu_count)
+    waited = time.monotonic()
+    try:  # as many GPUs as it had, its own while the rerun runs, waited for within its time
+        held = gpus.claim(attempt.gpu_count, cancelled=_after(left_s))
     except gpus.GpuRefused as e:
         return Reproduction(status="SKIPPED", detail=f"not rerun: {e}")
+    except gpus.GpuWaitCancelled:
+        return Reproduction(status="SKIPPED", detail=f"not rerun: its {attempt.gpu_count} GPUs were not free within the "
+                            f"{settings(session)[0]:g} minutes for reproduction (constraints.reproduce_minutes)")
+    left_s -= time.monotonic() - waited
     try:
         sandbox = None
         if bubblewrap() is not None:

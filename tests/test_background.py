@@ -91,18 +91,51 @@ def test_two_attempts_at_once_may_not_declare_the_same_file(session):
     b.call("stop_experiment", {"attempt": n})
 
 
-def test_a_metrics_file_the_agent_writes_beside_a_running_attempt_is_not_its_measurement(session):
+def test_metrics_the_agent_writes_beside_a_running_attempt_are_unconfirmed_until_a_rerun_reproduces_them(session):
     """The cheat that background attempts open: a command whose code computes nothing runs, and
-    the agent writes the metrics by hand meanwhile. Without the watch the engine would take them
-    for the attempt's own (the file changed while it ran; its command ran code of the workspace)."""
+    the agent writes the metrics by hand meanwhile, in a shell call that outlasts the attempt.
+    The engine cannot tell those writes from the attempt's own: the attempt records what ran
+    beside it, and a claim on it stands only once the engine's rerun reproduced it (without it
+    the claim is confirmed, as a foreground attempt's is before its rerun)."""
+    from labrun.claims import Claim, standing
+    from labrun.state import Reproduction
+
     (session.ws.root / "src").mkdir()
-    (session.ws.root / "src/wait.py").write_text("import time\ntime.sleep(3)\n")
+    (session.ws.root / "src/wait.py").write_text("import time\ntime.sleep(1)\n")
     b = box(session)
     n = background(b, "python3 src/wait.py", metrics_file="results/m.json")
-    b.call("str_replace_based_edit_tool", {"command": "create", "path": "results/m.json", "file_text": '{"acc": 0.99}'})
+    b.call("bash", {"command": "sleep 0.5; echo '{\"acc\": 0.99}' > results/m.json; sleep 2"})
     done = b.call("experiment_output", {"attempt": n, "wait_s": 30}).content
     assert done.startswith(f"Attempt {n}: SUCCESS") and "acc=0.99" in done
-    assert "changed by one of the agent's own commands" in (session.state.attempts[n - 1].unmeasured or "")
+    attempt = session.state.attempts[n - 1]
+    assert attempt.beside == ["the agent's own commands"] and attempt.unmeasured is None
+    claim = Claim(id="K1", statement="accurate", metric="acc", attempts=[n], value=0.99)
+    assert not standing(claim, {n: attempt}, {}, 0.01, 0.001).confirmed
+    assert "could have written its files" in standing(claim, {n: attempt}, {}, 0.01, 0.001).status
+    alone = attempt.model_copy(update={"beside": []})
+    assert standing(claim, {n: alone}, {}, 0.01, 0.001).confirmed  # the weak target: a claim not yet rerun stands
+    rerun = attempt.model_copy(update={"reproduction": Reproduction(status="REPRODUCED", detail="the same", metrics={"acc": 0.99})})
+    assert standing(claim, {n: rerun}, {}, 0.01, 0.001).confirmed
+
+
+def test_honest_attempts_side_by_side_and_a_fix_made_while_one_failed_are_not_refused(session):
+    """Two honest background attempts each write their own declared files; the agent fixes the
+    script while the failing one still runs: the same command with fix_applied runs again."""
+    (session.ws.root / "src").mkdir()
+    (session.ws.root / "src/fail.py").write_text("import time\ntime.sleep(2)\nraise SystemExit(3)\n")
+    b = box(session)
+    n = background(b, "python3 src/fail.py", outputs=["results/f.txt"])
+    other = background(b, "sleep 1; echo ok > results/o.txt", outputs=["results/o.txt"])
+    wait_for(lambda: (b.session.records.supervised(n).read() or {}).get("pgid"), what="its command to start")
+    time.sleep(0.5)  # Python has read the script
+    b.call("str_replace_based_edit_tool", {"command": "create", "path": "src/fail.py",
+                                           "file_text": "open('results/f.txt', 'w').write('fixed')\n"})
+    assert b.call("experiment_output", {"attempt": n, "wait_s": 30}).content.startswith(f"Attempt {n}: FAILED")
+    assert b.call("experiment_output", {"attempt": other, "wait_s": 30}).content.startswith(f"Attempt {other}: SUCCESS")
+    again = b.call("run_experiment", {"command": "python3 src/fail.py", "purpose": "again", "outputs": ["results/f.txt"],
+                                      "fix_applied": "the script no longer exits with 3"})
+    assert again.content.startswith(f"Attempt {other + 1}: SUCCESS"), again.content
+    assert f"attempt {other}" in session.state.attempts[n - 1].beside
 
 
 def test_more_gpus_than_the_machine_gives_are_refused_in_one_line(session, monkeypatch):
@@ -172,3 +205,21 @@ def test_a_remote_attempt_takes_a_key_its_worker_lacks_from_the_prefect_secret_b
     assert os.environ[name] == value and value not in redact(f"the key is {value}")
     assert os.environ["LABRUN_TEST_HAS_ITS_OWN"] == "the worker's own" and "LABRUN_TEST_NO_SUCH_BLOCK" not in os.environ
     monkeypatch.delenv(name)
+
+
+def test_a_worker_without_the_sandbox_its_engine_runs_commands_in_does_not_run_the_attempt(session, monkeypatch):
+    """On a pool's worker with no bubblewrap, an attempt of an engine that confines its commands
+    is not run unconfined: it is INTERRUPTED, saying why, and nothing started. The weak target: a
+    spec that does not ask for the sandbox runs it there unconfined."""
+    from labrun.phases import attempts
+    from labrun.phases.execution import run_here
+    from labrun.tools import RunExperimentInput
+
+    monkeypatch.setattr(attempts, "bubblewrap", lambda: None)  # this worker has none
+    made = [session.records.new("experiments", RunExperimentInput(command="touch results/ran.txt", purpose="x"), {})
+            for _ in range(2)]
+    refused = run_here("attempt", attempts.AttemptSpec.of(session, n=made[0].n).model_copy(update={"sandboxed": True}))
+    assert refused["status"] == "INTERRUPTED" and "cannot run labrun's sandbox" in refused["error"]
+    assert not session.records.supervised(made[0].n).read() and not (session.ws.root / "results/ran.txt").exists()
+    ran = run_here("attempt", attempts.AttemptSpec.of(session, n=made[1].n).model_copy(update={"sandboxed": False}))
+    assert ran["status"] == "SUCCESS" and (session.ws.root / "results/ran.txt").exists()

@@ -9,6 +9,7 @@ once that phase is complete (`phases.reproduction.reproduce`).
 from __future__ import annotations
 
 import json
+import time
 import uuid
 
 import pytest
@@ -338,3 +339,14 @@ def test_the_rerun_of_an_attempt_with_a_gpu_gets_one_of_its_own(session, monkeyp
     judged(session, {"C1": n, "C2": n, "C3": n})
     reproduce(session)
     assert session.state.attempts[n - 1].reproduction.status == "REPRODUCED", session.state.attempts[n - 1].reproduction
+    # Both GPUs held elsewhere (another session's attempts): the rerun waits no longer than its time.
+    from labrun import gpus
+    from labrun.phases.reproduction import reproduce_one
+
+    held = gpus.claim(2)
+    try:
+        started = time.monotonic()
+        again = reproduce_one(session, session.state.attempts[n - 1], 2.0, 0.001)
+    finally:
+        held.close()
+    assert again.status == "SKIPPED" and "GPUs were not free" in again.detail and time.monotonic() - started < 10
