@@ -39,4 +39,6 @@ def experiment_attempt_flow(task: str, spec: dict[str, Any]) -> State:
     else:
         record = run_here(task, parsed)
     line = f"attempt {record['n']} {record['status']}" + (f": {record['error']}" if record.get("error") else "")
-    return Completed(message=line, data=record) if record["status"] == "SUCCESS" else Failed(message=line, data=record)
+    # The states carry the line alone: the record is in the run file, and Prefect's engine
+    # reads a Failed state's data as the exception to raise (a dict there is a TypeError).
+    return Completed(message=line) if record["status"] == "SUCCESS" else Failed(message=line)

@@ -178,13 +178,16 @@ def _submit(name: str, spec: TaskSpec, n: int, records) -> str:
     from prefect.deployments import run_deployment
 
     from labrun.run_params import session_run_name
-    from labrun.serving.pools import attempt_deployment
+    from labrun.serving.pools import attempt_deployment, attempt_job_variables
+    from labrun.state import load_state
 
     pool = spec.pool
     session = session_run_name(spec.workspace)
     # The remote side starts an egress proxy of its own, and records nothing under a lease.
     remote = spec.model_copy(update={"lease": None, "egress": None})
+    gpus = load_state(records.ws)[0].attempts[n - 1].gpu_count
     run = run_deployment(attempt_deployment(pool), parameters={"task": name, "spec": remote.model_dump(mode="json")},
+                         job_variables=attempt_job_variables(pool, gpus),
                          flow_run_name=f"{session}-{name}-{n}", tags=["labrun", f"session:{session}"],
                          scheduled_time=datetime.now(timezone.utc) + HELD_FOR, timeout=0,
                          idempotency_key=f"labrun-{spec.session_id}-{name}-{n}")
@@ -249,16 +252,27 @@ def _outcome(run, pool: str | None, n: int, records) -> dict[str, Any]:
     state = run.state
     where = f"its flow run {run.name} on work pool {pool}"
     said = f" ({state.message})" if state.message else ""
-    if state.is_crashed():
-        why = f"{where} crashed{said}: the worker running it was lost"
-    elif state.is_cancelled():
+    if state.is_cancelled() or (state.is_crashed() and _cancel_asked(run)):
         why = f"{where} was cancelled{said} before the attempt ended"
+    elif state.is_crashed():
+        why = f"{where} crashed{said}: the machine or the job running it was lost"
     else:
         why = f"{where} ended {state.name}{said} before the attempt did"
     for group in records.supervised(n).groups():  # what it left on this machine, if it ran here
         kill_group(group)
     return {"status": "INTERRUPTED", "task_run": noted.get("task_run"), "pid": None,
             "error": f"an infrastructure failure, not the experiment's: {why}; anything it wrote may be incomplete"}
+
+
+def _cancel_asked(run) -> bool:
+    """Whether someone cancelled the run (it went Cancelling) before it crashed: a worker that
+    stops a run's process by a signal, as the labrun-slurm worker's scancel does, has the run
+    read Crashed (its engine took the signal for a crash) until the worker marks it Cancelled,
+    seconds later."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return any(s.is_cancelling() for s in client.read_flow_run_states(run.id))
 
 
 EXECUTORS: dict[str, Callable[[str, TaskSpec], dict[str, Any]]] = {

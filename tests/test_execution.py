@@ -121,3 +121,76 @@ def test_the_attempt_flows_deployment_declares_the_flows_own_parameters():
     schema = parameter_schema(experiment_attempt_flow).model_dump_for_openapi()
     assert set(schema["properties"]) == set(ATTEMPT_PARAMETERS["properties"])
     assert schema["required"] == ATTEMPT_PARAMETERS["required"]
+
+
+def test_a_pool_run_crashed_by_its_cancel_is_told_as_cancelled_not_as_a_lost_machine(tmp_path, prefect_api):
+    """A worker that cancels a run by a signal to its process (labrun-slurm's scancel) has the
+    run read Crashed, its engine's view of the signal, for seconds before the worker marks it
+    Cancelled: an engine that looks then says the attempt was cancelled; a run that crashed
+    unasked is still a lost machine."""
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Crashed, Running, State
+
+    from labrun.attempt_records import AttemptRecords
+    from labrun.phases.attempts import AttemptSpec
+    from labrun.phases.execution import run_on_pool
+
+    @flow(name="experiment-attempt")
+    def attempt_flow() -> None: ...
+
+    def judged(*states, n: int) -> str:
+        with get_client(sync_client=True) as client:
+            run = client.create_flow_run(attempt_flow, name=f"ws-attempt-{n}")
+            for state in states:
+                client.set_flow_run_state(run.id, state, force=True)
+        ws = Workspace(tmp_path / "ws")
+        ws.attempts.mkdir(parents=True, exist_ok=True)
+        records = AttemptRecords(ws, store=None)
+        records.run_path(n).write_text(f'{{"task_run": "t", "flow_run": "{run.id}", "pool": "slurm"}}')
+        record = run_on_pool("attempt", AttemptSpec(workspace=str(ws.root), session_id="s", n=n, pool="slurm"))
+        assert record["status"] == "INTERRUPTED" and "infrastructure failure" in record["error"], record
+        return record["error"]
+
+    cancelled = judged(Running(), State(type=StateType.CANCELLING, name="Cancelling"),
+                       Crashed(message="Execution was aborted by a termination signal."), n=1)
+    assert "was cancelled" in cancelled and "lost" not in cancelled, cancelled
+    lost = judged(Running(), Crashed(message="Slurm job 7 ended NODE_FAIL (exit 0:0)"), n=2)
+    assert "crashed (Slurm job 7 ended NODE_FAIL" in lost and "lost" in lost, lost
+
+
+def test_an_attempts_gpus_become_its_jobs_where_the_pools_jobs_take_a_gpu_count(tmp_path, prefect_api):
+    """A labrun-slurm pool's jobs have a `gpus` variable (`--gres=gpu:N`): the flow run of an
+    attempt asking for 2 GPUs asks its job for 2; a process pool's jobs have none, so nothing
+    is asked there (the pool's own settings hold)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.workers.process import ProcessWorker
+
+    from labrun.phases.attempts import AttemptSpec
+    from labrun.phases.execution import _submit
+    from labrun.session import Session
+    from labrun.serving.slurm_worker import SlurmWorker
+    from labrun.state import Attempt
+
+    with get_client(sync_client=True) as client:
+        for name, worker in (("gres-slurm", SlurmWorker), ("gres-process", ProcessWorker)):
+            client.create_work_pool(WorkPoolCreate(name=name, type=worker.type,
+                                                   base_job_template=worker.get_default_base_job_template()))
+    session = Session.open(tmp_path / "ws", DEMO_IDEA, "scripted")
+    try:
+        with session.store.transaction() as state:
+            state.attempts += [Attempt(n=1, phase="experiments", command="python3 train.py", gpu_count=2),
+                               Attempt(n=2, phase="experiments", command="python3 train.py", gpu_count=2),
+                               Attempt(n=3, phase="experiments", command="python3 eval.py")]
+        asked = {}
+        for pool, n in (("gres-slurm", 1), ("gres-process", 2), ("gres-slurm", 3)):
+            spec = AttemptSpec.of(session, n=n).model_copy(update={"pool": pool})
+            with get_client(sync_client=True) as client:
+                asked[pool, n] = client.read_flow_run(_submit("attempt", spec, n, session.records)).job_variables
+    finally:
+        session.close()
+    assert asked[("gres-slurm", 1)] == {"gpus": 2}
+    assert asked[("gres-process", 2)] == {}
+    assert asked[("gres-slurm", 3)] == {}  # none asked: the pool's default, whatever it is

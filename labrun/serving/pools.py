@@ -92,3 +92,19 @@ def attempt_deployment(pool: str):
             work_pool_name=pool, tags=["labrun"], parameter_openapi_schema=ATTEMPT_PARAMETERS,
             job_variables={"env": ATTEMPT_ENV},
             description=f"labrun experiment attempts on work pool {pool} (made by the sessions that send them here)")
+
+
+def attempt_job_variables(pool: str, gpus: int) -> dict[str, int]:
+    """The job variables of the flow run of an attempt that asks for `gpus` GPUs: `gpus` itself
+    where the pool's job template has a variable of that name (labrun-slurm's: the job's
+    `--gres=gpu:N`, whose devices Slurm puts in the job's CUDA_VISIBLE_DEVICES, which
+    `labrun.gpus` reads); else none, and the pool's own settings say what its jobs get. An
+    attempt that asks for none keeps the pool's default."""
+    from prefect.client.orchestration import get_client
+
+    if not gpus:
+        return {}
+    with get_client(sync_client=True) as client:
+        template = client.read_work_pool(pool).base_job_template
+    return {"gpus": gpus} if "gpus" in template.get("variables", {}).get("properties", {}) else {}
+

@@ -3,6 +3,8 @@ the one-node Slurm that .ci/install-slurm starts: the pool made by `prefect work
 --type labrun-slurm` (Prefect finding the type through labrun's entry point), a deployment of
 tests/e2e/slurm_probe.py on it, and `prefect worker start` for it. Each run goes through
 `sbatch`, is seen in `sacct`, and is followed by whichever worker is alive; Slurm owns the job.
+Last, a session's experiment attempts on that pool (`labrun run --experiments-pool`): an
+attempt is a Slurm job, and the engine survives a kill -9 while it runs.
 """
 
 from __future__ import annotations
@@ -19,8 +21,12 @@ from pathlib import Path
 import pytest
 
 from labrun import prefect_processes as processes
+from labrun.agents.scripted import SLOW_ATTEMPT_STARTS
+from labrun.status import session_status
+from support import DEMO_IDEA
 
-from e2e_helpers import FINAL, cancel_like_the_ui, client, read_run, wait_for
+from e2e_helpers import FINAL, cancel_like_the_ui, client, labrun, read_run, wait_for
+from test_experiments_pool import engine, run_file, until
 
 HERE = Path(__file__).parent
 INSTALL = "run .ci/install-slurm (as root) to install and start a one-node Slurm"
@@ -100,6 +106,8 @@ class SlurmPool:
 
 @pytest.fixture(scope="module")
 def slurm_pool(prefect_server, tmp_path_factory):
+    from prefect.client.schemas.actions import WorkPoolUpdate
+
     why = _why_no_slurm()
     if why:
         pytest.skip(why)
@@ -112,12 +120,15 @@ def slurm_pool(prefect_server, tmp_path_factory):
     jobs = tmp_path_factory.mktemp("slurm-jobs")
     with client() as c:
         pool = c.read_work_pool(name)
-        assert set(pool.base_job_template["variables"]["properties"]) >= {"partition", "time_limit", "gpus", "sbatch_args"}
+        variables = pool.base_job_template["variables"]["properties"]
+        assert set(variables) >= {"partition", "time_limit", "gpus", "sbatch_args"}
+        # The pool's jobs write their slurm-<job id>.out there, not in the worker's folder.
+        variables["working_dir"]["default"] = str(jobs)
+        c.update_work_pool(name, WorkPoolUpdate(base_job_template=pool.base_job_template))
         flow_id = c.create_flow_from_name("slurm-probe")
         deployment_id = c.create_deployment(
             flow_id=flow_id, name="probe", work_pool_name=name, entrypoint="slurm_probe.py:slurm_probe",
-            pull_steps=[{"prefect.deployments.steps.set_working_directory": {"directory": str(HERE)}}],
-            job_variables={"working_dir": str(jobs)})
+            pull_steps=[{"prefect.deployments.steps.set_working_directory": {"directory": str(HERE)}}])
     p = SlurmPool(env, name, deployment_id, jobs, prefect_server.logs)
     p.start_worker()
     yield p
@@ -249,3 +260,39 @@ def test_cancelling_a_run_whose_job_waits_cancels_the_job(slurm_pool, tmp_path):
     run = wait_for([run_id], timeout_s=60)[run_id]
     assert run.state.type.value == "CANCELLED", run.state
     assert sacct_rows_of(job)[0][2].startswith("CANCELLED")
+
+
+def test_an_attempt_is_a_slurm_job_and_the_engine_survives_a_kill_while_it_runs(slurm_pool, tmp_path):
+    """`labrun run --experiments-pool` on the labrun-slurm pool: attempt 2 (slow) runs as a
+    Slurm job named after its flow run; kill -9 of the engine while the job runs; `labrun
+    resume` waits for that job's flow run and records the attempt once."""
+    ws = tmp_path / f"ws-{uuid.uuid4().hex[:6]}"  # its runs' names are its own: sacct keeps earlier runs' jobs
+    first = engine(["run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted",
+                    "--experiments-pool", slurm_pool.name],
+                   {**slurm_pool.env, "LABRUN_SCRIPTED_FAULTS": "slow-attempt@experiments:3"})
+    until(lambda: (ws / SLOW_ATTEMPT_STARTS).exists() or first.poll() is not None, "the slow attempt to start", 120)
+    assert first.poll() is None, first.communicate()[1][-3000:]
+    first.send_signal(signal.SIGKILL)
+    assert first.wait(60) == -9
+    flow_run = run_file(ws, 2)["flow_run"]
+    job = read_run(flow_run).infrastructure_pid
+    assert job and squeue_state(job) == "RUNNING", "the engine was killed while the attempt's job ran"
+
+    resumed = labrun("resume", str(ws), env=slurm_pool.env, check=False)
+    assert resumed.returncode == 0, resumed.stderr[-3000:] + slurm_pool.tail()
+    status = session_status(ws)
+    assert status["session"]["complete"]
+    assert (ws / SLOW_ATTEMPT_STARTS).read_text() == "started\n", "the attempt's command was started again"
+    attempts = status["attempts"]
+    assert [a["status"] for a in attempts] == ["FAILED", "SUCCESS", "SUCCESS"], attempts
+    assert attempts[1]["metrics"] and (ws / "results/metrics.json").is_file()  # what it wrote came back
+    run = read_run(flow_run)
+    assert run.state.type.value == "COMPLETED" and run.work_pool_name == slurm_pool.name, run.state
+    sacct_rows_of(job)
+    assert [row for row in sacct() if row[1] == run.name] == [[job, run.name, "COMPLETED"]], "one job, seen in sacct"
+    assert "attempt 2 SUCCESS" in (slurm_pool.jobs / f"slurm-{job}.out").read_text()
+    # A FAILED attempt is its flow run's Failed state, told as such, not an error of Prefect's.
+    failed = read_run(run_file(ws, 1)["flow_run"])
+    assert failed.state.type.value == "FAILED", failed.state
+    said = (slurm_pool.jobs / f"slurm-{failed.infrastructure_pid}.out").read_text()
+    assert "attempt 1 FAILED" in said and "TypeError" not in said, said[-3000:]
