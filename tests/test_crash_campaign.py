@@ -11,7 +11,10 @@ during an atomic write (STATE.md, state.json, a manifest: between the temp file 
 rename), at every phase-table write, at the end of a phase before Prefect commits its cached
 result, and inside that commit (Prefect's own write of a result record, torn halfway). The scripted agent is one backend; the Anthropic
 backend, the real SDK against the fake Messages API with `tests/auto_responder.py` playing
-the model, is the other.
+the model, is the other. Every other scripted session runs its successful attempt in the
+background (the scripted agent's `background-attempt` mode: it follows the attempt over
+several turns), so the same points land while that attempt runs, and the test itself kills the
+engine once at a seeded instant while it runs; its command notes each of its starts, none twice.
 
 After every kill: STATE.md parses, every attempt appears once and only the last may read
 RUNNING, no process of the engine's outlives it but an attempt's command, which runs to its end, no finished phase is redone, usage never
@@ -29,7 +32,10 @@ import json
 import os
 import random
 import re
+import signal
+import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -37,9 +43,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from auto_responder import IDEA, AutoResearcher  # noqa: E402
+from engine_forker import ForkedRun  # noqa: E402
 from fake_messages_api import FakeMessagesAPI  # noqa: E402
 from support import DEMO_IDEA, running, state_md_sections, wait_for  # noqa: E402
 
+from labrun.agents.scripted import SLOW_ATTEMPT_S, SLOW_ATTEMPT_STARTS  # noqa: E402
 from labrun.journal import Conversation, ReplyRecord  # noqa: E402
 from labrun.snapshot import workspace_files  # noqa: E402
 from labrun.state import parse_state_md, phase_table  # noqa: E402
@@ -51,7 +59,11 @@ POINTS = {"model-call": 4, "reply-received": 4, "reply-saved": 4, "attempt": 1, 
 """Crash point → the largest arrival number drawn (small, so that most rounds kill). Not
 `attempt-reattached`, which only a resume after a kill mid-attempt reaches: drawn at random,
 it ended most sessions unkilled (tests/test_outlive.py kills there on purpose)."""
-LOSSY = {"model-call", "reply-received"}
+OUTSIDE = "outside, the attempt in the background"
+"""The test's own kill, from outside, at a seeded instant while a background attempt runs:
+whatever the engine does then (a model call, a write, following the attempt)."""
+LOSSY = {"model-call", "reply-received", OUTSIDE}
+BACKGROUND = {"LABRUN_SCRIPTED_FAULTS": "background-attempt@experiments:3"}
 SEEDS = int(os.environ.get("LABRUN_CRASH_SEEDS", "2"))
 KILLS_PER_SESSION = 13
 KILLED = -9
@@ -132,10 +144,22 @@ def lost_replies(ws: Path, backend: Backend) -> int:
     return sum((billed - kept).values())
 
 
+def assert_started_once(ws: Path, attempts: list[dict], seed: int) -> None:
+    """Each attempt of the lingering command whose supervisor started it noted one start in
+    the workspace: none was started again, by a resume or anyone."""
+    lingering = [a["n"] for a in attempts if SLOW_ATTEMPT_STARTS in a["command"]]
+    started = [n for n in lingering if "started" in json.loads(
+        (ws / f".labrun/attempts/attempt-{n:03d}.supervisor.json").read_text() or "{}")]
+    assert started, f"seed {seed}: the background attempt never ran"
+    assert (ws / SLOW_ATTEMPT_STARTS).read_text() == "started\n" * len(started), \
+        f"seed {seed}: a command was started twice (attempts {lingering}, started {started})"
+
+
 def assert_same_work(ws: Path, reference: Path, attempts: list[dict], seed: int) -> None:
-    """The workspace holds what an uninterrupted run produced; REPORT.md's history names
-    this session's own attempts."""
+    """The workspace holds what an uninterrupted run produced (but the notes of the background
+    attempt's starts, `assert_started_once`); REPORT.md's history names this session's own attempts."""
     files, expected = workspace_files(ws), workspace_files(reference)
+    files.pop(SLOW_ATTEMPT_STARTS, None)
     assert {k: v for k, v in files.items() if k != "REPORT.md"} == {k: v for k, v in expected.items() if k != "REPORT.md"}, \
         f"seed {seed}: the workspace differs from an uninterrupted run"
     report, wanted = ((root / "REPORT.md").read_text().partition(HISTORY) for root in (ws, reference))
@@ -171,13 +195,15 @@ def check_after_kill(ws: Path, seen: dict, point: str, backend: Backend) -> None
     assert set(phase_table(text).values()) <= {"pending", "IN PROGRESS", "DONE", "FAILED"}
     numbers = [int(n) for n in re.findall(r"^### Attempt (\d+)$", text, flags=re.M)]
     counts = {len(state["attempts"])}
-    if point == "atomic-write" and (ws / ".labrun/state.json.prev").exists():
+    if point in ("atomic-write", OUTSIDE) and (ws / ".labrun/state.json.prev").exists():
         # killed between state.json's rename and STATE.md's: STATE.md shows the change before
         # (the previous copy's) until the engine starts again and writes it first thing
         counts.add(len(json.loads((ws / ".labrun/state.json.prev").read_text())["attempts"]))
     assert numbers in [list(range(1, n + 1)) for n in counts], "an attempt is duplicated or lost"
     running_now = [a["n"] for a in state["attempts"] if a["status"] == "RUNNING"]
     assert running_now in ([], [len(state["attempts"])]), "only an attempt cut off by this kill may read RUNNING"
+    seen["in_background"] = seen.get("in_background", 0) + any(
+        a["status"] == "RUNNING" and a.get("background") for a in state["attempts"])
 
     lost = lost_replies(ws, backend)
     assert lost - seen.get("lost", 0) in ((0, 1) if point in LOSSY else (0,)), f"{point}: replies lost"
@@ -199,15 +225,20 @@ def test_crash_campaign(tmp_path, forker, backend_class):
     backend = backend_class(tmp_path)
     idea = backend.idea()
 
-    def run(ws: Path, crash_at: str | None = None):
-        env = {**backend.env(), "LABRUN_CRASH_AT": crash_at or ""}
-        return forker.run(["run", str(idea), "--workspace", str(ws), "--agent", backend.name], env=env)
+    def run(ws: Path, crash_at: str | None = None, env: dict | None = None, kill_after: float | None = None):
+        """`labrun run` to its end, or its crash point; `kill_after`: killed from outside that
+        long after the background attempt's command started, if it still runs."""
+        proc = forker.start(["run", str(idea), "--workspace", str(ws), "--agent", backend.name],
+                            env={**backend.env(), "LABRUN_CRASH_AT": crash_at or "", **(env or {})})
+        outside = kill_after is not None and kill_in_background(proc, ws, kill_after)
+        out, err = proc.communicate(300)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), outside
 
     backend.start()
     try:
-        done = run(tmp_path / "reference")
+        done, _ = run(tmp_path / "reference")
         assert done.returncode == 0, done.stderr
-        kills = lost = 0
+        kills = lost = background_kills = 0
         seed = 0
         # A session that ends before its share of kills leaves the rest to another one.
         while seed < SEEDS or (kills < KILLS_PER_SESSION * SEEDS and seed < 4 * SEEDS):
@@ -215,11 +246,16 @@ def test_crash_campaign(tmp_path, forker, backend_class):
             backend.start()  # a fresh provider: its bill is this session's
             rng = random.Random(f"{backend.name}-{seed}")
             ws = tmp_path / f"seed-{seed}"
+            in_background = backend.name == "scripted" and seed % 2 == 1
             seen: dict = {}
             for round_ in range(60):
                 point = rng.choice(sorted(POINTS))
                 crash_at = f"{point}:{rng.randint(1, POINTS[point])}" if round_ < KILLS_PER_SESSION else None
-                result = run(ws, crash_at)
+                # until the background attempt has started: killed from outside while it runs
+                kill_after = rng.uniform(0, SLOW_ATTEMPT_S - 1) \
+                    if in_background and not (ws / SLOW_ATTEMPT_STARTS).exists() else None
+                result, outside = run(ws, crash_at, BACKGROUND if in_background else None, kill_after)
+                point = OUTSIDE if outside else point
                 assert result.returncode in (0, KILLED), f"seed {seed}, {crash_at}: {result.stderr[-3000:]}"
                 assert "Traceback" not in result.stderr, result.stderr
                 if result.returncode == 0:
@@ -233,18 +269,39 @@ def test_crash_campaign(tmp_path, forker, backend_class):
             assert all(a["status"] != "RUNNING" for a in report["attempts"])
             assert [a["status"] for a in report["attempts"] if a["status"] != "INTERRUPTED"][-1] == "SUCCESS"
             assert_same_work(ws, tmp_path / "reference", report["attempts"], seed)
+            if in_background:
+                assert_started_once(ws, report["attempts"], seed)
+                assert seen.get("in_background"), f"seed {seed}: no kill while the attempt ran in the background"
+                background_kills += seen["in_background"]
             session_lost = lost_replies(ws, backend)
             notes = (ws / "STATE.md").read_text().count("if the API had answered it, that reply is lost")
             assert notes >= session_lost, "a lost reply went unreported"
             lost += session_lost
-            again = forker.run(["resume", str(ws)], env=backend.env())
+            again = forker.run(["resume", str(ws)], env={**backend.env(), **(BACKGROUND if in_background else {})})
             assert again.returncode == 0 and "nothing to do" in again.stdout
             seed += 1
     finally:
         backend.stop()
-    print(f"\ncrash campaign, {backend.name}: {kills} kills survived over {seed} sessions; "
+    print(f"\ncrash campaign, {backend.name}: {kills} kills survived over {seed} sessions "
+          f"({background_kills} while an attempt ran in the background); "
           f"{lost} billed replies lost between the API's answer and the journal, each in one kill")
     assert kills >= KILLS_PER_SESSION * SEEDS
+
+
+def kill_in_background(proc: ForkedRun, ws: Path, after_s: float) -> bool:
+    """SIGKILL of the engine's process `after_s` after its background attempt's command
+    started, if it still runs then (it may have reached its own crash point first): whether
+    this killed it."""
+    wait_for(lambda: (ws / SLOW_ATTEMPT_STARTS).exists() or proc.poll() is not None, timeout=300,
+             what="the background attempt to start, or the engine to end")
+    time.sleep(after_s)
+    if proc.poll() is not None:
+        return False
+    try:
+        proc.send_signal(signal.SIGKILL)
+    except ProcessLookupError:  # it reached its crash point meanwhile
+        return False
+    return True
 
 
 def test_a_kill_inside_prefects_result_write_leaves_a_torn_record_that_costs_nothing(tmp_path, forker):

@@ -1,6 +1,7 @@
 """Server mode end to end: deployments on the `labrun` process pool, a queue of sessions
 running at once, a failed run retried the way the UI's Retry button does it, a worker
-killed mid-run, and two runs of one workspace."""
+killed mid-run, a flow-run process killed while an attempt runs in the background, and two
+runs of one workspace."""
 
 from __future__ import annotations
 
@@ -230,6 +231,70 @@ def test_dead_worker_run_is_crashed_then_retried_and_one_workspace_one_writer(
     assert [(a["n"], a["status"]) for a in status["attempts"]] == [(1, "FAILED"), (2, "SUCCESS"), (3, "SUCCESS")]
     states = latest_task_states(run_id)
     assert all(states[f"{n}-{k}"] == "Cached" for n, k in enumerate(FIRST_THREE, 1)), states
+
+
+def test_a_killed_flow_run_process_leaves_its_background_attempt_running_and_the_retry_records_it_once(
+        prefect_server, worker, tmp_path):
+    """kill -9 of the worker's flow-run process alone (the worker lives on, as after the OOM
+    killer) while the experiments' attempt runs in the background: the attempt runs on under
+    its supervisor; the run is Crashed; its retry, on the same worker, re-attaches and records
+    the attempt once, without starting its command again."""
+    import psutil
+
+    from labrun.agents.scripted import SLOW_ATTEMPT_S, SLOW_ATTEMPT_STARTS
+    from labrun.supervisor import start_ticks
+
+    idea = idea_copy(tmp_path / "ideas", "outlive.yaml", "Outlive test: a flow-run process killed mid-attempt")
+    from labrun.idea import load_idea
+
+    ws = submit.workspace_for(idea, load_idea(idea).content_hash, tmp_path / "workspaces")
+    run_id = str(submit_run(idea, ws, agent="scripted", job_variables={"env": {
+        "LABRUN_SCRIPTED_FAULTS": "background-attempt@experiments:3", "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}}).id)
+    report_file = ws / ".labrun/attempts/attempt-002.supervisor.json"
+    deadline = time.monotonic() + 180
+    while not ((ws / SLOW_ATTEMPT_STARTS).exists() and report_file.exists() and "pgid" in report_file.read_text()):
+        assert time.monotonic() < deadline, "the background attempt never started"
+        assert read_run(run_id).state.type.value not in ("FAILED", "CRASHED", "COMPLETED")
+        time.sleep(0.1)
+    report = json.loads(report_file.read_text())
+    [flow_run_process] = psutil.Process(worker.proc.pid).children()  # the worker runs each flow run as its child
+    flow_run_process.kill()
+
+    # The crash is proposed twice, by the flow-run executor and then by the worker once it is
+    # done with the run (`prefect.worker.executed-flow-run`): a Retry between the two would be
+    # overwritten by the second (seen here), so the test retries after both, as a person would.
+    deadline = time.monotonic() + 60
+    while not worker_done_with(run_id):
+        assert time.monotonic() < deadline, "the worker never finished with the killed run"
+        time.sleep(0.5)
+    crashed = read_run(run_id)
+    assert crashed.state.type.value == "CRASHED", crashed.state
+    assert worker.proc.poll() is None
+    assert start_ticks(report["pid"]) == report["ticks"] or "ended" in json.loads(report_file.read_text()), \
+        "the attempt died with its flow-run process"
+
+    assert submit.retry_like_the_ui(run_id, ui="v2").status.value == "ACCEPT"
+    done = wait_for([run_id], timeout_s=180)[run_id]
+    assert done.state.type.value == "COMPLETED", done.state
+    status = status_json(ws, prefect_server.env)
+    assert status["session"]["complete"] and phases(status)["experiments"]["runs"] == 2
+    assert [(a["n"], a["status"]) for a in status["attempts"]] == [(1, "FAILED"), (2, "SUCCESS"), (3, "SUCCESS")]
+    assert status["attempts"][1]["duration_s"] >= SLOW_ATTEMPT_S
+    assert (ws / SLOW_ATTEMPT_STARTS).read_text() == "started\n", "the retry started the command again"
+    assert "the resume records it" in (ws / "STATE.md").read_text()
+    assert start_ticks(report["pid"]) != report["ticks"], "a supervisor outlived its session"
+
+
+def worker_done_with(flow_run_id: str) -> bool:
+    """Whether a worker said it is done with the flow run's process (its executed-flow-run event)."""
+    from prefect.events.filters import EventFilter, EventNameFilter, EventRelatedFilter
+
+    with client() as c:
+        page = c.request("POST", "/events/filter", json={"filter": EventFilter(
+            event=EventNameFilter(name=["prefect.worker.executed-flow-run"]),
+            related=EventRelatedFilter(resources_in_roles=[(f"prefect.flow-run.{flow_run_id}", "flow-run")]),
+        ).model_dump(mode="json"), "limit": 5}).json()
+    return page["total"] > 0
 
 
 def test_model_api_limit(prefect_server, deployed):

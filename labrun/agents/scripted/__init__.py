@@ -14,6 +14,9 @@ Because it goes through the same turn loop, tools and journal as a real model, i
 the fault injector for tests: `LABRUN_SCRIPTED_FAULTS` names turns at which it raises,
 hangs, or hangs or lingers inside an experiment attempt (`ATTEMPT_FAULTS`), each once per workspace,
 or makes the engine's rerun of an attempt hang (`hang-rerun`, while `RERUN_HANGS` is in the environment).
+`background-attempt` is no fault but a way of working: that turn's attempt lingers as
+`slow-attempt`'s does and runs in the background, and the agent follows it with
+`experiment_output` until it ends (`_following`), then goes on with the script.
 """
 
 from __future__ import annotations
@@ -206,7 +209,8 @@ def _attempts_of_r1(messages: list[dict]) -> str:
         if m["role"] == "user" and isinstance(m["content"], list):
             for b in m["content"]:
                 text = b.get("content") if b.get("type") == "tool_result" else None
-                if isinstance(text, str) and (head := re.match(r"Attempt (\d+): (\w+)", text)):
+                head = re.match(r"Attempt (\d+): (\w+)", text) if isinstance(text, str) else None
+                if head and head.group(2) != "RUNNING":  # a background attempt is told once it ended
                     found.append(f"#{head.group(1)} {head.group(2)}")
     return ", ".join(found)
 
@@ -447,17 +451,38 @@ SCRIPT: dict[str, list[Step]] = {
 
 def _step(messages: list[dict]) -> int:
     """Which step comes next: a turn whose tool call a crash cut off, or whose attempt was
-    INTERRUPTED, is done again, as an agent would after checking the workspace."""
+    INTERRUPTED, is done again, as an agent would after checking the workspace. A turn that
+    only followed a background attempt is no step; one that found it INTERRUPTED makes the
+    step that started it be done again."""
     done = 0
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
         answer = messages[i + 1]["content"] if i + 1 < len(messages) else []
+        calls = [b["name"] for b in m["content"] if isinstance(b, dict) and b.get("type") == "tool_use"] \
+            if isinstance(m["content"], list) else []
+        if calls and set(calls) == {"experiment_output"}:
+            done -= any(b.get("type") == "tool_result" and re.match(r"Attempt \d+: INTERRUPTED", str(b.get("content")))
+                        for b in answer)
+            continue
         cut_off = any(b.get("type") == "tool_result" and ((b.get("is_error") and "cut off" in str(b.get("content")))
                                                           or re.match(r"Attempt \d+: INTERRUPTED", str(b.get("content"))))
                       for b in answer)
         done += not cut_off
     return done
+
+
+def _following(messages: list[dict]) -> int | None:
+    """The background attempt this phase's agent still follows: the newest one whose last word
+    in the tool results (a report's first line, or the notice that it ended) is RUNNING."""
+    last: dict[int, str] = {}
+    for text in _results(messages):
+        if head := re.match(r"Attempt (\d+): (\w+)", text):
+            last[int(head.group(1))] = head.group(2)
+        for n, status in re.findall(r"\[attempt (\d+), run in the background, ended: (\w+)", text):
+            last[int(n)] = status
+    running = [n for n, status in last.items() if status == "RUNNING"]
+    return running[-1] if running else None
 
 
 def phase_of(system: str) -> str:
@@ -477,6 +502,11 @@ ATTEMPT_FAULTS = {"hang-attempt": "sleep 600",
                   "slow-attempt": f"echo started >> {SLOW_ATTEMPT_STARTS} && sleep {SLOW_ATTEMPT_S}"}
 """Faults inside an attempt, put before its command: one that hangs, and one that runs a few
 seconds longer, noting each start of its command in a file of the workspace's."""
+BACKGROUND = "background-attempt"
+"""That turn's attempt is `slow-attempt`'s, run in the background and followed."""
+FOLLOW_WAIT_S = 1
+"""What the agent's `experiment_output` calls wait: short, so that it follows the attempt over
+several turns (each one a moment for a test to kill the engine in)."""
 
 
 class ScriptedModel:
@@ -499,15 +529,21 @@ class ScriptedModel:
         if self.latency_s:
             time.sleep(self.latency_s)
         steps = SCRIPT[phase]
-        calls = steps[min(_step(request.messages), len(steps) - 1)](request)
+        following = _following(request.messages)
+        if following is not None:
+            calls = [_call("experiment_output", attempt=following, wait_s=FOLLOW_WAIT_S)]
+        else:
+            calls = steps[min(_step(request.messages), len(steps) - 1)](request)
         content: list[dict] = [{"type": "text", "text": f"[scripted agent] {phase}, step {turn}."}]
         for i, (name, inp) in enumerate(calls):
             fault = self._fault_for(phase, turn)
-            if fault in ATTEMPT_FAULTS and name == "run_experiment" and self.faults_dir:
+            if (fault in ATTEMPT_FAULTS or fault == BACKGROUND) and name == "run_experiment" and self.faults_dir:
                 # The engine marks the fault reached (the command cannot write .labrun/).
                 self.faults_dir.mkdir(parents=True, exist_ok=True)
                 (self.faults_dir / f"{phase}-{turn}.reached").touch()
-                inp = {**inp, "command": f"{ATTEMPT_FAULTS[fault]} && {inp['command']}"}
+                lingers = ATTEMPT_FAULTS.get(fault, ATTEMPT_FAULTS["slow-attempt"])
+                inp = {**inp, "command": f"{lingers} && {inp['command']}", **({"run_in_background": True}
+                                                                              if fault == BACKGROUND else {})}
             elif fault == "hang-rerun" and name == "run_experiment":
                 # Only the engine's rerun sleeps (its copy of the workspace has no state.json
                 # in .labrun/), and only while RERUN_HANGS is set: the rerun a resume does finishes.
@@ -535,7 +571,7 @@ class ScriptedModel:
 
     def _inject(self, phase: str, turn: int) -> None:
         kind = self._fault_for(phase, turn)
-        if kind is None or self.faults_dir is None or kind in ATTEMPT_FAULTS or kind == "hang-rerun":
+        if kind is None or self.faults_dir is None or kind in (*ATTEMPT_FAULTS, "hang-rerun", BACKGROUND):
             return
         marker = self.faults_dir / f"{phase}-{turn}.reached"
         if marker.exists():
