@@ -519,11 +519,12 @@ class Evidence:
     def computed_file(self, rel: str) -> bool:
         """`rel` holds what a computing attempt wrote, and not a copy of another file that was
         there before that attempt ran (its own earlier self, written again byte for byte by a
-        deterministic run, is no copy)."""
+        deterministic run, is no copy); an attempt that other commands ran beside writes no file
+        the engine vouches for."""
         now = entry_digest(self.root, rel)
         for a in self.attempts:
-            if getattr(a, "beside", None) and rel not in (a.metrics_file, *a.outputs):
-                continue  # other commands wrote beside it: only what it declared may be its own
+            if getattr(a, "beside", None):
+                continue  # other commands could write what it wrote (`Attempt.beside`): none of it is its own
             record = self.files.get(a.n) or {}
             others = {digest for path, digest in (record.get("before") or {}).items() if path != rel}
             if self.computed(a) and now is not None and (record.get("after") or {}).get(rel) == now \

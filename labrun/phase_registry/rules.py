@@ -635,7 +635,8 @@ class PlannedOutputs:
                 found.append(f"file {p} (planned in analysis_outputs), or a deviation with the reason")
             elif Path(p).suffix.lower() not in PROSE and not work.evidence.computed_file(p):
                 found.append(f"{p} holds what no computing run_experiment attempt wrote (made by hand, copied or "
-                             "edited since): produce it with the run_experiment attempt that computes it")
+                             "edited since, or written while other commands ran beside its attempt): produce it "
+                             "with the run_experiment attempt that computes it, run with nothing else running")
         return found
 
     def describe(self) -> str:
