@@ -146,8 +146,9 @@ def test_a_session_that_stops_on_an_error_leaves_no_background_attempt_running_u
     phase's end stops the attempt, and nothing of the session runs once labrun exits; with
     LABRUN_KEEP_EXPERIMENTS=on the attempt runs on, and the resume records it once."""
     faults = f"{BACKGROUND},raise@experiments:4"
+    slow = {"LABRUN_SCRIPTED_LATENCY_S": "2"}  # each reply takes 2 s: the test sees the attempt run before the failure
     ws = tmp_path / "stopped"
-    proc, report = start_background_attempt(forker, ws, faults)
+    proc, report = start_background_attempt(forker, ws, faults, env=slow)
     out, err = proc.communicate(120)
     assert proc.returncode != 0 and "injected failure at experiments turn 4" in out + err, err[-3000:]
     assert not alive(report), "an attempt outlived its session"
@@ -155,7 +156,7 @@ def test_a_session_that_stops_on_an_error_leaves_no_background_attempt_running_u
     assert attempt["status"] == "INTERRUPTED" and attempt["error"] == "the phase ended while it ran", attempt
 
     ws = tmp_path / "kept"
-    proc, report = start_background_attempt(forker, ws, faults, env={"LABRUN_KEEP_EXPERIMENTS": "on"})
+    proc, report = start_background_attempt(forker, ws, faults, env={**slow, "LABRUN_KEEP_EXPERIMENTS": "on"})
     out, err = proc.communicate(120)
     assert proc.returncode != 0, err[-3000:]
     assert session_status(ws)["attempts"][1]["status"] == "RUNNING"
