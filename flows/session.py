@@ -91,12 +91,12 @@ def research_session(**params: Any) -> State:
     if rerunning:
         check_rerun_start(Path(workspace), from_phase)  # before anything is written
     if run.experiments_pool:
-        _check_pool(run.experiments_pool, run.experiments_storage)  # before anything is written
+        _check_pool(run.experiments_pool, run.experiments_storage, workspace)  # before anything is written
     session = Session.open(run.model_copy(update={"agent": None, "model": None}) if rerunning else run)
     try:
         if (pool := session.state.experiments_pool) and (pool, session.state.experiments_storage) != \
                 (run.experiments_pool, run.experiments_storage):  # the idea's, or kept
-            _check_pool(pool, session.state.experiments_storage)
+            _check_pool(pool, session.state.experiments_storage, workspace)
         if rerunning:
             rerun(session, from_phase, run.agent, run.model, run.note or "", _flow_run_id(), session_status)
         else:
@@ -124,13 +124,13 @@ def research_session(**params: Any) -> State:
         session.close()
 
 
-def _check_pool(pool: str, storage: str | None) -> None:
+def _check_pool(pool: str, storage: str | None, workspace: str) -> None:
     """The work pool the attempts go to, before anything runs: an unknown one is refused (in
     one line: `PoolError`), as is storage the engine cannot use; one without a worker is said
     (`labrun.serving.pools`)."""
     from labrun.serving.pools import check_pool
 
-    if warning := check_pool(pool, storage):
+    if warning := check_pool(pool, storage, workspace):
         logging.getLogger("labrun").warning("%s", warning)
 
 

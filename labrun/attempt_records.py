@@ -92,6 +92,17 @@ class AttemptRecords:
         files["after"] = {k: files_after[k] for k in files["wrote"] if k in files_after}  # what it wrote, as evidence
         self.ws.write_json(self.files_path(n), files)
 
+    def own_calls(self) -> list[list[float | None]]:
+        """When the agent's own tools ran beside attempts (`PhaseAttempts.watch`), across runs of
+        the engine; [] before any did (or when a link stands in its place)."""
+        try:
+            return json.loads(self.ws.files.read_text(self.ws.attempts / "own-calls.json"))
+        except (OSError, ValueError):
+            return []
+
+    def note_own_calls(self, calls: list[list[float | None]]) -> None:
+        self.ws.write_json(self.ws.attempts / "own-calls.json", calls, durable=False)
+
     def stop_path(self, n: int) -> Path:
         """Written by the engine that ends attempt n (`stop_experiment`), for its task to see
         while it waits to start."""

@@ -128,10 +128,6 @@ class ToolError(Exception):
     """A mistake of the agent's, reported back to it as an error result."""
 
 
-OWN_TOOLS = ("bash", "str_replace_based_edit_tool")
-"""The agent's own shell and editor, as against the engine's tools."""
-
-
 class Experiments(Protocol):
     """A phase's experiment attempts, each the phase layer's Prefect subtask
     (`labrun.phases.attempts.PhaseAttempts`)."""
@@ -152,7 +148,7 @@ class Experiments(Protocol):
         """Background attempts that ended since the last call, each told once."""
 
     def watch(self, call: Callable[[], str]) -> str:
-        """`call()`, one of the agent's own tools, noting which running attempts' files it changed."""
+        """`call()`, one of the agent's own tools that may write, noting when it ran."""
 
 
 class ToolBox:
@@ -183,7 +179,8 @@ class ToolBox:
             inp = schema.model_validate(raw_input)
             # The agent's own commands beside running attempts: what they change of those
             # attempts' files is noted (`Experiments.watch`).
-            text = self.experiments.watch(lambda: fn(inp)) if name in OWN_TOOLS else fn(inp)
+            writes = name == "bash" or (name == "str_replace_based_edit_tool" and inp.command != "view")
+            text = self.experiments.watch(lambda: fn(inp)) if writes else fn(inp)
             return ToolResult(redact(text + self._ended_note()))
         except ValidationError as e:
             problems = "; ".join(

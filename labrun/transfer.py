@@ -29,6 +29,7 @@ fails the transfer instead of handing over wrong bytes.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
@@ -43,6 +44,7 @@ from typing import Any, BinaryIO, Callable, Iterator, cast
 
 from pydantic import BaseModel, Field, ValidationError
 
+from labrun.secrets import redact_bytes
 from labrun.workspace import DATA, Workspace
 from labrun.wsfs import Beneath, Refused
 
@@ -208,10 +210,21 @@ class _Checked:
                                "name says (changed or damaged in storage)")
 
 
-def check_storage(url: str) -> None:
-    """Refuses (`StorageError`, one line) storage the engine cannot use; the worker's side is
+def check_storage(url: str, workspace: str | None = None) -> None:
+    """Refuses (`StorageError`, one line) storage the engine cannot use, a relative path (each
+    side would find its own), and a folder in or above the workspace (`workspace`), where the
+    agent's commands could write what comes back as an attempt's record; the worker's side is
     checked as its flow run starts (`run_from_storage`)."""
-    Store(url).check("the engine's machine")
+    store = Store(url)
+    if store.fs.protocol in ("file", "local") or "file" in (store.fs.protocol or ()):
+        if not (url.startswith("file://") or Path(url).is_absolute()):
+            raise StorageError(f"experiments storage {url}: give an absolute path (each machine would read a "
+                               "relative one from its own folder)")
+        where, ws = Path(store.root).resolve(), Path(workspace).resolve() if workspace else None
+        if ws is not None and (where == ws or ws in where.parents or where in ws.parents):
+            raise StorageError(f"experiments storage {url}: it lies in or above the workspace {ws}, where the "
+                               "agent's commands write; give a folder outside it")
+    store.check("the engine's machine")
 
 
 def _name(session_id: str) -> str:
@@ -317,6 +330,25 @@ def _send_file(files: Beneath, rel: str, store: Store, digest: str | None = None
     return Entry(sha256=digest, size=size, executable=executable)
 
 
+REDACT_MAX = 16 << 20
+"""The largest file the worker reads whole to take its keys out before it sends it back."""
+
+
+def _send_redacted(files: Beneath, rel: str, store: Store) -> Entry | None:
+    """`rel` sent with this worker's keys taken out, as the engine would take out its own
+    (`labrun.secrets.redact_bytes`): the engine never knew keys that only the worker has. None
+    when it holds none of them, or is too big to read whole (then sent as it is)."""
+    st = files.lstat(rel)
+    if st is None or st.st_size > REDACT_MAX:
+        return None
+    data = files.read_bytes(rel, REDACT_MAX)
+    clean = redact_bytes(data)
+    if clean == data:
+        return None
+    digest, size = store.put(io.BytesIO(clean))
+    return Entry(sha256=digest, size=size, executable=bool(st.st_mode & stat.S_IXUSR))
+
+
 def _digest_of(f: BinaryIO) -> str:
     h = hashlib.sha256()
     for chunk in iter(lambda: f.read(CHUNK), b""):
@@ -335,22 +367,28 @@ def receive(ws: Workspace, store: Store, session_id: str, n: int, declared: list
     if out is None:
         return None
     check(out, n, "out", declared)
+    # Removals first, the deepest first: a folder the attempt made a file of (or a file it made
+    # a folder of) is out of the way before what replaced it is written.
+    for rel in sorted(out.removed, key=lambda r: r.count("/"), reverse=True):
+        try:
+            ws.files.remove(rel)
+        except (OSError, Refused):
+            pass
+    came = set()
     for rel, entry in out.files.items():
         try:
             _write(ws.files, rel, entry, store)
-        except Refused as e:
+            came.add(rel)
+        except (OSError, Refused) as e:  # the agent's doing (a link put on its way): that file alone
             logging.getLogger("labrun").warning("attempt %d's %s was not brought back: %s", n, rel, e)
-    for rel in out.removed:
-        try:
-            ws.files.remove(rel)
-        except (FileNotFoundError, Refused):
-            pass
     log, report, files_json, run = engine_out(n)
     for rel in (log, report):
         if rel in out.engine:
             _write(ws.files, rel, out.engine[rel], store)
     if files_json in out.engine:  # the snapshot it started from stays the engine's; what it wrote is read here
         wrote = _json(store, out.engine[files_json]).get("wrote")
+        if wrote is not None:  # only what came back (or went) is its own: any other file here is the engine's side's
+            wrote = [rel for rel in wrote if rel in came or rel in out.removed or rel.endswith("/")]
         _update_json(ws, ws.attempt_file(n, "files"), {"wrote": wrote} if wrote is None else {
             "wrote": wrote, "after": {rel: d for rel in wrote if (d := entry_digest(ws.root, rel)) is not None}})
     if run in out.engine:  # last: with its record there, the attempt has ended here (its flow run's id kept)
@@ -445,7 +483,7 @@ def send_back(store: Store, session_id: str, n: int, root: Path, started: dict[s
             out.removed.append(agent_file(rel))
             continue
         try:
-            out.files[agent_file(rel)] = _send_file(files, rel, store, now[rel])
+            out.files[agent_file(rel)] = _send_redacted(files, rel, store) or _send_file(files, rel, store, now[rel])
         except (OSError, Refused):
             continue
     for rel in engine_out(n):

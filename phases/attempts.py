@@ -35,7 +35,7 @@ from labrun.settings import settings
 from labrun.session import Session
 from labrun.snapshot import changed, keep_copies, workspace_files
 from labrun.state import Attempt, duration
-from labrun.tools import RunExperimentInput, ToolError, parse_metrics
+from labrun.tools import BASH_TIMEOUT_S, RunExperimentInput, ToolError, parse_metrics
 from labrun.wsfs import Refused
 
 ERROR_LINE = re.compile(r"^\s*([\w.]*(Error|Exception|Exit|Interrupt)\b.*)$", re.M)
@@ -69,9 +69,9 @@ class PhaseAttempts:
         self.told: set[int] = set()
         self.stopped: dict[int, str] = {}
         """Attempts this engine ends, and why."""
-        self.own_calls: list[list[float | None]] = []
+        self.own_calls: list[list[float | None]] = session.records.own_calls()
         """When the agent's own tools (`bash`, the editor) ran while attempts ran: [start, end]
-        (epoch s; end None while it runs)."""
+        (epoch s; end None while it runs), kept for a resume (`AttemptRecords.own_calls`)."""
         self.live = 0
         self.turn = threading.Condition()
         self.abandoned = False
@@ -143,12 +143,16 @@ class PhaseAttempts:
     def watch(self, call: Callable[[], str]) -> str:
         """Around one of the agent's own tool calls (`bash`, the editor): when it ran, so that an
         attempt that ran meanwhile says so (`beside`)."""
+        if not any(a.status == "RUNNING" for a in self.session.state.attempts):
+            return call()
         window: list[float | None] = [time.time(), None]
         self.own_calls.append(window)
+        self.session.records.note_own_calls(self.own_calls)  # before it runs: an engine killed meanwhile leaves it said
         try:
             return call()
         finally:
             window[1] = time.time()
+            self.session.records.note_own_calls(self.own_calls)
 
     def close(self, error: BaseException | None) -> None:
         """As the phase ends with attempts still running. A signal (Ctrl-C: the engine's
@@ -175,11 +179,20 @@ class PhaseAttempts:
         def overlaps(a: float, b: float | None) -> bool:
             return a < end and (b is None or b > start)
 
+        def ended(a: Attempt, report: dict) -> float | None:
+            """Its end as its supervisor reported it; one stopped or killed reported none, and
+            ran until its task judged it (its run file's last change); None while it runs."""
+            if "ended" in report or a.status == "RUNNING":
+                return report.get("ended")
+            st = records.ws.files.lstat(records.run_path(a.n))
+            return st.st_mtime if st is not None else None
+
         found = [f"attempt {a.n}" for a in attempts if a.n != n
                  and "started" in (other := records.supervised(a.n).read())
-                 and overlaps(other["started"], other.get("ended") if "ended" in other or a.status == "RUNNING"
-                              else other["started"])]
-        if any(overlaps(a, b) for a, b in self.own_calls):
+                 and overlaps(other["started"], ended(a, other))]
+        # An own call cut off by a killed engine ended by its timeout at the latest (its sandbox died with it).
+        if any(overlaps(a, b if b is not None else a + BASH_TIMEOUT_S) if a is not None else False
+               for a, b in self.own_calls):
             found.append("the agent's own commands")
         if attempts[n - 1].background and own_shell(self.session.state.agent):
             found.append("the agent's own shell")

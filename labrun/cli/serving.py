@@ -110,7 +110,7 @@ def cmd_queue(args) -> int:
     with temporary_settings({PREFECT_API_URL: api_url}):
         _check_deployment(args.deployment, api_url)
         if args.experiments_pool:
-            _check_pool(args.experiments_pool, args.experiments_storage)
+            _check_pool(args.experiments_pool, args.experiments_storage, args.workspaces)
         for path in ideas:
             try:
                 outcomes.append(_queue_one(path, root, args))
@@ -197,11 +197,11 @@ def _api_url_for_clients() -> str:
     raise CliError("no Prefect server: start one with `labrun server` (or set PREFECT_API_URL to yours)")
 
 
-def _check_pool(pool: str, storage: str | None) -> None:
+def _check_pool(pool: str, storage: str | None, workspaces: str) -> None:
     from labrun.serving.pools import PoolError, check_pool
 
     try:
-        warning = check_pool(pool, storage)
+        warning = check_pool(pool, storage, workspaces)
     except PoolError as e:
         raise CliError(str(e)) from None
     if warning:

@@ -35,7 +35,7 @@ class PoolError(ValueError):
     """An experiments pool that cannot take attempts: one line saying what to do."""
 
 
-def check_pool(name: str, storage: str | None = None) -> str | None:
+def check_pool(name: str, storage: str | None = None, workspace: str | None = None) -> str | None:
     """Refuses (`PoolError`) a pool the Prefect API does not know, experiments storage this
     machine cannot write and read back (`labrun.transfer`; the worker's side is checked as each
     attempt's flow run starts), and a pool no worker has polled for
@@ -48,7 +48,7 @@ def check_pool(name: str, storage: str | None = None) -> str | None:
         from labrun.transfer import StorageError, check_storage
 
         try:
-            check_storage(storage)
+            check_storage(storage, workspace)
         except StorageError as e:
             raise PoolError(str(e)) from None
 
