@@ -330,6 +330,13 @@ def _send_file(files: Beneath, rel: str, store: Store, digest: str | None = None
     return Entry(sha256=digest, size=size, executable=executable)
 
 
+def _sparse(files: Beneath, rel: str) -> bool:
+    """A file over 64 MB of which most is holes: what `truncate` makes at no cost, which
+    would cost its whole size in the store and on the engine's disk."""
+    st = files.lstat(rel)
+    return st is not None and st.st_size > 64 << 20 and st.st_blocks * 512 < st.st_size // 2
+
+
 REDACT_MAX = 16 << 20
 """The largest file the worker reads whole to take its keys out before it sends it back."""
 
@@ -481,6 +488,10 @@ def send_back(store: Store, session_id: str, n: int, root: Path, started: dict[s
             continue
         if rel not in now:
             out.removed.append(agent_file(rel))
+            continue
+        if _sparse(files, rel):
+            logging.getLogger("labrun").warning("attempt %d's %s is not sent back: a sparse file, mostly holes, "
+                                                "would fill the store and the engine's disk", n, rel)
             continue
         try:
             out.files[agent_file(rel)] = _send_redacted(files, rel, store) or _send_file(files, rel, store, now[rel])

@@ -223,3 +223,23 @@ def test_a_worker_without_the_sandbox_its_engine_runs_commands_in_does_not_run_t
     assert not session.records.supervised(made[0].n).read() and not (session.ws.root / "results/ran.txt").exists()
     ran = run_here("attempt", attempts.AttemptSpec.of(session, n=made[1].n).model_copy(update={"sandboxed": False}))
     assert ran["status"] == "SUCCESS" and (session.ws.root / "results/ran.txt").exists()
+
+
+def test_what_ran_beside_an_attempt_is_known_after_a_stop_and_after_a_resume(session):
+    """Found by a red team: an attempt stopped while another ran (its supervisor killed first,
+    so it reported no end) was taken to have ended as it started; and the agent's own commands
+    beside an attempt were forgotten by the resume that re-attached to it. Both are beside it."""
+    from labrun.model import UsageWindowSpent
+
+    b = box(session)
+    writer = background(b, "sleep 60")
+    wait_for(lambda: (b.session.records.supervised(writer).read() or {}).get("pgid"), what="the first to start")
+    victim = background(b, "sleep 3")
+    wait_for(lambda: (b.session.records.supervised(victim).read() or {}).get("pgid"), what="the second to start")
+    b.call("stop_experiment", {"attempt": writer})
+    b.call("bash", {"command": "true"})
+    b.experiments.close(UsageWindowSpent("the window is spent", resets_at=0))  # left to its supervisor
+    again = box(session)  # the phase run again, as after the wait or a resume
+    again.experiments.adopt(victim)
+    assert again.call("experiment_output", {"attempt": victim, "wait_s": 30}).content.startswith(f"Attempt {victim}: SUCCESS")
+    assert session.state.attempts[victim - 1].beside == [f"attempt {writer}", "the agent's own commands"]

@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -166,3 +167,26 @@ def test_storage_in_or_above_the_workspace_or_relative_is_refused_in_one_line(tm
         assert why in str(refused.value) and len(str(refused.value).splitlines()) == 1
     transfer.check_storage(str(tmp_path / "store"), str(ws.root))  # beside it: fine
 
+
+def test_a_sparse_file_does_not_cost_its_whole_apparent_size_in_storage_and_on_the_engine(tmp_path):
+    """ATTACK: the remote command makes a sparse file (`truncate -s`), which costs it no disk.
+    Here (no pool) the snapshot never reads a file above LABRUN_HASH_MAX_MB; the transfer reads
+    all of it, writes all of it into the store and again into the engine's workspace: a
+    command with a 16 TiB sparse file keeps the worker busy for days (the engine waits on its
+    flow run with no end) and fills both disks. Shown with 256 MiB."""
+    ws = make_workspace(tmp_path / "ws", {"train.py": b"print(1)\n"})
+    size = 256 << 20
+    clock = time.monotonic()
+
+    def command(root: Path) -> None:
+        with open(root / "big.bin", "wb") as f:
+            f.truncate(size)
+        assert os.stat(root / "big.bin").st_blocks == 0  # costs the command nothing
+
+    round_trip(tmp_path, ws, command)
+    took = time.monotonic() - clock
+    stored = sum(p.stat().st_blocks * 512 for p in (tmp_path / "store/blobs").iterdir())
+    here = os.stat(ws.root / "big.bin").st_blocks * 512 if (ws.root / "big.bin").exists() else 0
+    assert stored + here < size // 8, (
+        f"a sparse file of {size >> 20} MiB that used no disk on the worker took {stored >> 20} MiB in the store and "
+        f"{here >> 20} MiB in the engine's workspace ({took:.1f} s)")
