@@ -52,7 +52,7 @@ def session_status(root: Path) -> dict[str, Any]:
             {"n": a.n, "phase": a.phase, "status": a.status, "run_id": a.run_id, "command": a.command,
              "error": a.error, "fix_applied": a.fix_applied, "metrics": a.metrics,
              "outputs": a.outputs, "exit_code": a.exit_code, "duration_s": a.duration_s,
-             "log": a.log, "branch": a.branch, "gpus": a.gpus,
+             "log": a.log, "branch": a.branch, "gpus": a.gpus, "background": a.background, "beside": a.beside,
              "reproduction": a.reproduction.model_dump() if a.reproduction else None}
             for a in state.attempts
         ],
