@@ -146,19 +146,26 @@ def test_a_session_that_stops_on_an_error_leaves_no_background_attempt_running_u
     phase's end stops the attempt, and nothing of the session runs once labrun exits; with
     LABRUN_KEEP_EXPERIMENTS=on the attempt runs on, and the resume records it once."""
     faults = f"{BACKGROUND},raise@experiments:4"
-    slow = {"LABRUN_SCRIPTED_LATENCY_S": "2"}  # each reply takes 2 s: the test sees the attempt run before the failure
+
+    def run_until_it_stops(ws: Path, env: dict | None = None):
+        """The engine fails at turn 4, a second after turn 3 started the attempt (each reply
+        takes 1 s), and the attempt is looked at once the run is over."""
+        proc = forker.start(["run", str(DEMO_IDEA), "--workspace", str(ws), "--agent", "scripted"],
+                            env={"LABRUN_SCRIPTED_FAULTS": faults, "LABRUN_SCRIPTED_LATENCY_S": "1", **(env or {})})
+        out, err = proc.communicate(120)
+        assert proc.returncode != 0 and "injected failure at experiments turn 4" in out + err, err[-3000:]
+        report = json.loads((ws / ".labrun/attempts/attempt-002.supervisor.json").read_text())
+        assert report.get("pgid"), "its command never started"
+        return report
+
     ws = tmp_path / "stopped"
-    proc, report = start_background_attempt(forker, ws, faults, env=slow)
-    out, err = proc.communicate(120)
-    assert proc.returncode != 0 and "injected failure at experiments turn 4" in out + err, err[-3000:]
+    report = run_until_it_stops(ws)
     assert not alive(report), "an attempt outlived its session"
     attempt = session_status(ws)["attempts"][1]
     assert attempt["status"] == "INTERRUPTED" and attempt["error"] == "the phase ended while it ran", attempt
 
     ws = tmp_path / "kept"
-    proc, report = start_background_attempt(forker, ws, faults, env={**slow, "LABRUN_KEEP_EXPERIMENTS": "on"})
-    out, err = proc.communicate(120)
-    assert proc.returncode != 0, err[-3000:]
+    report = run_until_it_stops(ws, {"LABRUN_KEEP_EXPERIMENTS": "on"})
     assert session_status(ws)["attempts"][1]["status"] == "RUNNING"
     assert alive(report) or "ended" in json.loads((ws / ".labrun/attempts/attempt-002.supervisor.json").read_text())
     assert_recorded_once(ws, forker.run(["resume", str(ws)]))

@@ -525,9 +525,9 @@ class ScriptedModel:
     def complete(self, request: ModelRequest) -> ModelReply:
         phase = phase_of(request.system)
         turn = sum(1 for m in request.messages if m["role"] == "assistant") + 1
-        self._inject(phase, turn)
-        if self.latency_s:
+        if self.latency_s:  # before a fault too: a provider's error comes after some time
             time.sleep(self.latency_s)
+        self._inject(phase, turn)
         steps = SCRIPT[phase]
         following = _following(request.messages)
         if following is not None:
