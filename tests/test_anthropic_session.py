@@ -419,10 +419,10 @@ def test_kill_9_between_a_reply_and_its_tool_result_answers_it_as_interrupted(tm
 def test_a_spent_budget_stops_the_session_and_a_larger_one_continues_it(tmp_path, idea, serve, cli):
     api = serve(AutoResearcher())
     ws = tmp_path / "ws"
-    result = cli("run", str(idea), "--workspace", str(ws), "--agent", "anthropic", "--budget-usd", "0.05")  # spent in the middle of setup
-    assert_one_line_stop(result, "budget of $0.05 is spent", f"labrun resume {ws} --budget-usd", ws=ws)
+    result = cli("run", str(idea), "--workspace", str(ws), "--agent", "anthropic", "--budget-usd", "0.07")  # spent in the middle of setup
+    assert_one_line_stop(result, "budget of $0.07 is spent", f"labrun resume {ws} --budget-usd", ws=ws)
     stopped = session_status(ws)
-    assert stopped["usage"]["cost_usd"] >= 0.05
+    assert stopped["usage"]["cost_usd"] >= 0.07
     phase = next(p["key"] for p in stopped["phases"] if p["status"] == "FAILED")
     asked = len(api.requests)
     last = api.requests[-1]["body"]
