@@ -465,18 +465,15 @@ def _run(session: Session, n: int) -> dict:
     return {**ended, "pid": os.getpid()}
 
 
-def _identity(session: Session, rel: str | None, full: bool = False) -> list[int] | None:
+def _identity(session: Session, rel: str | None) -> list[int] | None:
     """A regular file's inode and modification time (None when there is none, or it is not one
     the engine reads): which tell a file written again from one left alone. A list: noted in
-    the attempt's run file, for a resume that re-attaches to it. `full`: its change time and
-    size too, which no command sets back."""
+    the attempt's run file, for a resume that re-attaches to it."""
     try:
         st = session.ws.files.lstat(rel) if rel else None
     except Refused:
         return None
-    if st is None or not stat.S_ISREG(st.st_mode):
-        return None
-    return [st.st_ino, st.st_mtime_ns, *((st.st_ctime_ns, st.st_size) if full else ())]
+    return [st.st_ino, st.st_mtime_ns] if st is not None and stat.S_ISREG(st.st_mode) else None
 
 
 def _claim_gpus(session: Session, attempt: Attempt, noted: dict) -> gpus.Claim | None:
