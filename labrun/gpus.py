@@ -37,11 +37,10 @@ import re
 import stat
 import subprocess
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 log = logging.getLogger("labrun")
 
@@ -219,7 +218,13 @@ class Claim:
             os.close(fd)
 
 
-def claim(count: int, on_wait: Callable[[str], None] | None = None, cancelled: threading.Event | None = None,
+class Cancel(Protocol):
+    """What says a wait is cancelled, as `threading.Event.wait` does: True once it is."""
+
+    def wait(self, timeout: float) -> bool: ...
+
+
+def claim(count: int, on_wait: Callable[[str], None] | None = None, cancelled: Cancel | None = None,
           folder: Path | None = None, poll_s: float = POLL_S) -> Claim:
     """`count` GPUs of `devices()` held for one attempt, waiting (`poll_s` apart) until that
     many are free; `on_wait(text)` is called once if it has to wait. Refused (`GpuRefused`, one

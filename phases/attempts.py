@@ -485,13 +485,13 @@ def _claim_gpus(session: Session, attempt: Attempt, noted: dict) -> gpus.Claim |
     def waiting(why: str) -> None:
         session.ws.write_json(run_file, {**noted, "waiting": why}, durable=False)
 
-    class Stopped:  # as a `threading.Event` would say it: whether the engine stopped the attempt
+    class Stopped:  # `gpus.Cancel`: whether the engine stopped the attempt
         def wait(self, timeout: float) -> bool:
             time.sleep(timeout)
             return session.ws.files.exists(stop)
 
     try:
-        claim = gpus.claim(attempt.gpu_count, on_wait=waiting, cancelled=Stopped())  # type: ignore[arg-type]
+        claim = gpus.claim(attempt.gpu_count, on_wait=waiting, cancelled=Stopped())
     except gpus.GpuWaitCancelled:
         return None
     if session.ws.files.exists(stop):
