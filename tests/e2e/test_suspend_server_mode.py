@@ -95,4 +95,7 @@ def test_a_run_suspended_from_the_ui_says_so_and_goes_on_when_resumed_or_retried
     billed = Counter((b["phase"], b["turn"]) for b in map(json.loads, (
         ws / ".labrun/faults/billed.jsonl").read_text().splitlines()))
     assert [call for call, n in billed.items() if n > 1] == [], "model calls made twice"
-    assert not flow_processes(worker)
+    deadline = time.monotonic() + 60  # the run is Completed a moment before its process has exited
+    while (left := flow_processes(worker)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, [p.cmdline() for p in left]
