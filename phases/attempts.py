@@ -350,11 +350,11 @@ def experiment_attempt(spec: AttemptSpec) -> dict | State:
     return record
 
 
-def _not_run(session: Session, n: int, why: str) -> dict:
-    """Attempt n's record when it was never started: INTERRUPTED (the machine's doing, not the
-    experiment's), in its run file as a record of its task's is."""
+def _not_run(session: Session, n: int, why: str, status: str = "INTERRUPTED") -> dict:
+    """Attempt n's record when its command was never started (INTERRUPTED: the machine's doing
+    or the engine's, not the experiment's), in its run file as a record of its task's is."""
     attempt = session.state.attempts[n - 1]
-    ended = attempt.model_copy(update=dict(status="INTERRUPTED", error=why,
+    ended = attempt.model_copy(update=dict(status=status, error=why,
                                            task_run=str(TaskRunContext.get().task_run.id))).model_dump()
     session.ws.write_json(session.records.run_path(n), {**session.records.run(n), "ended": ended}, durable=False)
     return {**ended, "pid": os.getpid()}
@@ -401,14 +401,10 @@ def _run(session: Session, n: int) -> dict:
         noted["found"] = {p: _identity(session, p) for p in watched}
         try:
             claim = _claim_gpus(session, attempt, noted)
-            error = None if claim is not None else "stopped before it started"  # while it waited: it never ran
         except gpus.GpuRefused as e:  # the machine it runs on has fewer
-            claim, error = None, str(e)
-        if claim is None:
-            ended = attempt.model_copy(update=dict(status="INTERRUPTED" if error.startswith("stopped") else "FAILED",
-                                                   task_run=noted["task_run"], error=error)).model_dump()
-            session.ws.write_json(run_file, {**noted, "ended": ended}, durable=False)
-            return {**ended, "pid": os.getpid()}
+            return _not_run(session, n, str(e), "FAILED")
+        if claim is None:  # stopped while it waited
+            return _not_run(session, n, "stopped before it started")
         noted.pop("waiting", None)
         session.ws.write_json(run_file, noted, durable=False)  # about this process, not the disk
         folder = session.ws.files.open(session.records.supervisor_path(n).parent, os.O_RDONLY | os.O_DIRECTORY)

@@ -243,3 +243,17 @@ def test_what_ran_beside_an_attempt_is_known_after_a_stop_and_after_a_resume(ses
     again.experiments.adopt(victim)
     assert again.call("experiment_output", {"attempt": victim, "wait_s": 30}).content.startswith(f"Attempt {victim}: SUCCESS")
     assert session.state.attempts[victim - 1].beside == [f"attempt {writer}", "the agent's own commands"]
+
+
+def test_an_attempt_stopped_while_it_waits_for_its_gpu_never_starts(session, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"GPU-{uuid.uuid4()}")  # one fake GPU
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    b = box(session)
+    holder = background(b, "sleep 30", gpus=1)
+    wait_for(lambda: (b.session.records.supervised(holder).read() or {}).get("pgid"), what="the first to hold the GPU")
+    waiting = background(b, "touch results/started.txt", gpus=1)
+    wait_for(lambda: "waiting for 1 GPU" in json.dumps(b.session.records.run(waiting)), what="the second to wait")
+    stopped = b.call("stop_experiment", {"attempt": waiting}).content
+    assert stopped.startswith(f"Attempt {waiting}: INTERRUPTED") and "stopped by the agent" in stopped, stopped
+    assert not b.session.records.supervised(waiting).read() and not (session.ws.root / "results/started.txt").exists()
+    b.call("stop_experiment", {"attempt": holder})
