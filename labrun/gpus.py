@@ -218,6 +218,16 @@ class Claim:
             os.close(fd)
 
 
+def check(count: int) -> list[Gpu]:
+    """The machine's GPUs, when it gives labrun `count` of them; else `GpuRefused`, one line."""
+    gpus = devices()
+    if count < 0 or count > len(gpus):
+        have = f"{len(gpus)} GPU{'' if len(gpus) == 1 else 's'}" if gpus else "no GPUs"
+        raise GpuRefused(f"asked for {count} GPU{'' if count == 1 else 's'}; this machine gives labrun {have} "
+                         f"({_where_from()})")
+    return gpus
+
+
 class Cancel(Protocol):
     """What says a wait is cancelled, as `threading.Event.wait` does: True once it is."""
 
@@ -229,11 +239,7 @@ def claim(count: int, on_wait: Callable[[str], None] | None = None, cancelled: C
     """`count` GPUs of `devices()` held for one attempt, waiting (`poll_s` apart) until that
     many are free; `on_wait(text)` is called once if it has to wait. Refused (`GpuRefused`, one
     line) when the machine gives labrun fewer; `GpuWaitCancelled` once `cancelled` is set."""
-    gpus = devices()
-    if count < 0 or count > len(gpus):
-        have = f"{len(gpus)} GPU{'' if len(gpus) == 1 else 's'}" if gpus else "no GPUs"
-        raise GpuRefused(f"asked for {count} GPU{'' if count == 1 else 's'}; this machine gives labrun {have} "
-                         f"({_where_from()})")
+    gpus = check(count)
     if count == 0:
         return Claim([], (), bool(gpus))
     folder = folder or lock_folder()

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Protocol
 from pydantic import BaseModel, Field, ValidationError, create_model
 
 from labrun.commands import run_command
-from labrun.gpus import devices as gpu_devices
+from labrun import gpus
 from labrun.plan import PLAN_FIELDS, coverage
 from labrun.resources import TEMPLATES
 from labrun.secrets import redact
@@ -177,8 +177,8 @@ class ToolBox:
         schema, fn = handler
         try:
             inp = schema.model_validate(raw_input)
-            # The agent's own commands beside running attempts: what they change of those
-            # attempts' files is noted (`Experiments.watch`).
+            # When the agent's own commands that may write ran, for the attempts running
+            # meanwhile (`Experiments.watch`).
             writes = name == "bash" or (name == "str_replace_based_edit_tool" and inp.command != "view")
             text = self.experiments.watch(lambda: fn(inp)) if writes else fn(inp)
             return ToolResult(redact(text + self._ended_note()))
@@ -289,9 +289,11 @@ class ToolBox:
         if inp.run_id is not None and runs and inp.run_id not in runs:
             raise ToolError(f"Refused, not run: run_id {inp.run_id} is not in the run list "
                             f"({', '.join(runs)}); give a planned run's id, or none for a check that serves no run.")
-        here = self.session.state.experiments_pool is None  # else the pool's worker has the GPUs, and says so
-        if here and inp.gpus and inp.gpus > (have := len(gpu_devices())):
-            raise ToolError(f"Refused, not run: {inp.gpus} GPUs asked for; this machine gives labrun {have or 'none'}.")
+        if self.session.state.experiments_pool is None:  # else the pool's worker has the GPUs, and says so
+            try:
+                gpus.check(inp.gpus)
+            except gpus.GpuRefused as e:
+                raise ToolError(f"Refused, not run: {e}.") from None
         return self.attempt_report(self.experiments.run(inp))
 
     def experiment_output(self, inp: ExperimentOutputInput) -> str:
